@@ -1,0 +1,158 @@
+// Package backend is the contract between the node agent and the ways it can
+// run a sandbox (fncall, container, microvm, vm, and a fake for tests).
+//
+// The core interface is small: Create, Start, Wait, Stop, Destroy, Recover,
+// Inspect, Capabilities. Exec, file transfer and later pause and snapshot are
+// optional interfaces found at run time; each implementation states them with
+// a compile-time guard such as `var _ backend.Execer = (*Container)(nil)`.
+// Every backend passes the conformance suite in backendtest.
+//
+// Error kinds come from internal/errdefs: ErrNotFound for an unknown id,
+// ErrInvalid for a bad spec or request, ErrUnavailable when a host feature the
+// backend needs is missing (the agent reports it and keeps working).
+package backend
+
+import (
+	"context"
+	"io"
+	"time"
+)
+
+// Layer is one read-only EROFS layer, already present on local disk.
+type Layer struct {
+	Digest string // "sha256:<hex>"
+	Path   string // the EROFS image file on this host
+}
+
+// Resources are a sandbox's limits. Zero means unlimited (the agent always
+// fills them in).
+type Resources struct {
+	CPU    float64 // cores
+	Memory int64   // bytes
+	PIDs   int64
+}
+
+// Spec is everything a backend needs to create a sandbox. The agent persists
+// it and hands it back to Recover after a restart.
+type Spec struct {
+	ID        string   // unique on the node; also the hostname
+	Layers    []Layer  // bottom first
+	Env       []string // KEY=VALUE, defaults for every exec
+	Workdir   string   // default cwd for exec, "/" if empty
+	Resources Resources
+}
+
+// State of a sandbox as the backend sees it.
+type State string
+
+const (
+	StateCreated State = "created" // prepared, not started
+	StateRunning State = "running"
+	StatePaused  State = "paused"
+	StateStopped State = "stopped" // its init exited
+)
+
+// Status is what Inspect and Recover report.
+type Status struct {
+	State     State
+	Pid       int       // host pid of the sandbox's init, if any
+	StartedAt time.Time // zero if never started
+	ExitCode  int       // when stopped
+	Reason    string    // free text when something went wrong
+}
+
+// Capabilities say what a backend offers beyond the core contract, so the
+// SDK can unify access without pretending the semantics are the same.
+type Capabilities struct {
+	Exec     bool // implements Execer
+	Files    bool // implements Files
+	Hostname bool // the sandbox's hostname is its id
+	Isolated bool // own pid/mount/net namespaces (or a VM): the fake is not
+	Limits   bool // memory, CPU and pid limits are enforced
+	Recover  bool // sandboxes survive an agent restart
+	Pause    bool
+	Snapshot bool
+}
+
+// Backend is the core contract.
+type Backend interface {
+	// Name is the backend's API name, e.g. "container".
+	Name() string
+	Capabilities() Capabilities
+	// Available returns nil if this host can run the backend, or an
+	// ErrUnavailable saying what is missing.
+	Available(ctx context.Context) error
+
+	// Create prepares the sandbox (root filesystem, limits) without starting
+	// it. On error nothing is left behind.
+	Create(ctx context.Context, spec Spec) error
+	// Start starts a created sandbox.
+	Start(ctx context.Context, id string) error
+	// Wait blocks until the sandbox's init exits or ctx ends, and returns
+	// its status. It works for recovered sandboxes too.
+	Wait(ctx context.Context, id string) (Status, error)
+	// Stop asks the sandbox to stop, killing it after grace.
+	Stop(ctx context.Context, id string, grace time.Duration) error
+	// Destroy stops the sandbox if needed and removes everything it holds:
+	// processes, mounts, cgroups, runtime state, directories. Destroying an
+	// unknown or already destroyed id is not an error.
+	Destroy(ctx context.Context, id string) error
+	// Inspect reports the sandbox's status; ErrNotFound if unknown.
+	Inspect(ctx context.Context, id string) (Status, error)
+	// Recover re-adopts a sandbox created by an earlier process of the
+	// agent, from the spec it persisted. It returns the sandbox's status
+	// (StateStopped if it died meanwhile); the agent decides what to do.
+	Recover(ctx context.Context, spec Spec) (Status, error)
+}
+
+// ExecRequest is one command to run in a sandbox.
+type ExecRequest struct {
+	Argv    []string  // argv[0] is looked up in PATH inside the sandbox
+	Env     []string  // KEY=VALUE, added to the spec's Env
+	Cwd     string    // default spec.Workdir
+	User    string    // "", name, "uid" or "uid:gid"
+	Stdin   io.Reader // nil = empty
+	Stdout  io.Writer // the caller caps and frames output
+	Stderr  io.Writer
+	Timeout time.Duration // 0 = none; the caller always sets one
+}
+
+// ExecResult is how a command ended.
+type ExecResult struct {
+	ExitCode int    // 128+n when killed by signal n, as a shell reports it
+	Signal   string // "SIGKILL" etc. when killed by a signal, else ""
+	TimedOut bool   // Timeout passed and every process the exec started was killed
+	Duration time.Duration
+}
+
+// Execer runs commands inside a sandbox from the host: nothing inside the
+// sandbox serves the request. On timeout, the whole process tree of that
+// exec is killed (not the sandbox) and the result says TimedOut. An exec
+// whose ctx ends is killed the same way.
+type Execer interface {
+	Exec(ctx context.Context, id string, req ExecRequest) (ExecResult, error)
+}
+
+// FileInfo describes one path inside a sandbox.
+type FileInfo struct {
+	Size  int64
+	Mode  uint32 // permission bits
+	IsDir bool
+}
+
+// Files moves files in and out of a sandbox. Every path is resolved strictly
+// inside the sandbox's root: a symlink planted inside can never make the
+// host read or write outside it.
+type Files interface {
+	// Stat describes path; ErrNotFound if missing.
+	Stat(ctx context.Context, id, path string) (FileInfo, error)
+	// WriteFile creates or replaces a regular file, creating parents.
+	WriteFile(ctx context.Context, id, path string, mode uint32, r io.Reader) error
+	// ReadFile streams a regular file to w.
+	ReadFile(ctx context.Context, id, path string, w io.Writer) error
+	// WriteTar extracts a tar stream under dir, creating dir if needed.
+	WriteTar(ctx context.Context, id, dir string, r io.Reader) error
+	// ReadTar writes path (a file or a whole directory) to w as a tar
+	// stream whose entries are named relative to path's parent.
+	ReadTar(ctx context.Context, id, path string, w io.Writer) error
+}

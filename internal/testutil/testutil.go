@@ -1,0 +1,70 @@
+// Package testutil holds helpers for tests that need privileges or host
+// features. Each Require* helper skips on a developer laptop that lacks the
+// feature, but FAILS when WARREN_TEST_STRICT=1 (CI sets it), so a test that
+// CI is meant to run can never pass there by skipping.
+package testutil
+
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// Strict reports whether missing host features must fail tests.
+func Strict() bool { return os.Getenv("WARREN_TEST_STRICT") == "1" }
+
+// Unavailable skips t, or fails it in strict mode, saying why.
+func Unavailable(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if Strict() {
+		t.Fatalf("WARREN_TEST_STRICT=1 but: "+format, args...)
+	}
+	t.Skipf(format, args...)
+}
+
+// RequireRoot needs uid 0.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		Unavailable(t, "needs root")
+	}
+}
+
+// RequireBinary needs each named program on PATH.
+func RequireBinary(t testing.TB, names ...string) {
+	t.Helper()
+	for _, n := range names {
+		if _, err := exec.LookPath(n); err != nil {
+			Unavailable(t, "needs %s on PATH (scripts/setup installs it)", n)
+		}
+	}
+}
+
+// RequireKernelFeature needs a filesystem type the kernel knows, such as
+// "erofs", "overlay" or "fuse".
+func RequireKernelFeature(t testing.TB, fs string) {
+	t.Helper()
+	b, err := os.ReadFile("/proc/filesystems")
+	if err != nil {
+		Unavailable(t, "cannot read /proc/filesystems: %v", err)
+		return
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 0 && f[len(f)-1] == fs {
+			return
+		}
+	}
+	Unavailable(t, "kernel lacks %s", fs)
+}
+
+// RequireContainers needs what the container backend needs: root, runc,
+// mkfs.erofs, catatonit, overlay and erofs.
+func RequireContainers(t testing.TB) {
+	t.Helper()
+	RequireRoot(t)
+	RequireBinary(t, "runc", "mkfs.erofs", "catatonit")
+	RequireKernelFeature(t, "overlay")
+	RequireKernelFeature(t, "erofs")
+}
