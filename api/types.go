@@ -71,13 +71,15 @@ type SandboxList struct {
 // ExecRequest is the body of POST /v1/sandboxes/{id}/exec. Exactly one of
 // Argv and Cmd is set; Cmd runs as `/bin/sh -c Cmd`.
 type ExecRequest struct {
-	Argv    []string          `json:"argv,omitempty"`
-	Cmd     string            `json:"cmd,omitempty"`
-	Env     map[string]string `json:"env,omitempty"`
-	Cwd     string            `json:"cwd,omitempty"`
-	User    string            `json:"user,omitempty"` // name, uid or uid:gid
-	Stdin   string            `json:"stdin,omitempty"`
-	Timeout Duration          `json:"timeout,omitempty"` // 0 = server default
+	Argv  []string          `json:"argv,omitempty"`
+	Cmd   string            `json:"cmd,omitempty"`
+	Env   map[string]string `json:"env,omitempty"`
+	Cwd   string            `json:"cwd,omitempty"`
+	User  string            `json:"user,omitempty"` // name, uid or uid:gid
+	Stdin string            `json:"stdin,omitempty"`
+	// StdinEncoding is "" for UTF-8 text or "base64" for arbitrary bytes.
+	StdinEncoding string   `json:"stdin_encoding,omitempty"`
+	Timeout       Duration `json:"timeout,omitempty"` // 0 = server default
 	// MaxOutput caps stdout and stderr each; 0 = server default (1 MiB).
 	MaxOutput Quantity `json:"max_output,omitempty"`
 	// Stream asks for an NDJSON stream of ExecEvent instead of one
