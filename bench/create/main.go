@@ -1,0 +1,320 @@
+// Command create measures sandbox creation through warren's full path (REST
+// API -> node agent -> container backend) against raw `runc run -d`
+// containers over the same EROFS layer, in the same run, and prints both
+// with their ratio.
+//
+//	sudo go run ./bench/create -n 40 -rounds 3
+//
+// For each round and each mode (sequential, and -c concurrent clients) it
+// creates n sandboxes, timing each create, then removes them untimed. The
+// raw peer mounts an overlay over the shared EROFS layer mount and runs
+// `runc run -d` with runc's default spec: what a bare runtime does, with
+// none of the platform's bookkeeping.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/client"
+	"github.com/warrenhq/warren/internal/blob"
+	"github.com/warrenhq/warren/internal/daemon"
+	"github.com/warrenhq/warren/internal/image"
+)
+
+func main() {
+	n := flag.Int("n", 40, "sandboxes per mode and round")
+	conc := flag.Int("c", 4, "concurrent clients in the concurrent mode")
+	rounds := flag.Int("rounds", 3, "rounds (report median and spread)")
+	keep := flag.Bool("keep", false, "keep the temporary data dir")
+	flag.Parse()
+	if err := run(*n, *conc, *rounds, *keep); err != nil {
+		fmt.Fprintln(os.Stderr, "bench/create:", err)
+		os.Exit(1)
+	}
+}
+
+func run(n, conc, rounds int, keep bool) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("needs root (runc, mounts)")
+	}
+	dir, err := os.MkdirTemp("", "warren-bench-create-")
+	if err != nil {
+		return err
+	}
+	if !keep {
+		defer os.RemoveAll(dir)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- daemon.Up(ctx, daemon.UpConfig{
+			DataDir: filepath.Join(dir, "warren"),
+			Listen:  "127.0.0.1:0",
+			Log:     slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+			Ready:   func(addr string) { ready <- addr },
+		})
+	}()
+	var addr string
+	select {
+	case addr = <-ready:
+	case err := <-done:
+		return fmt.Errorf("warren up: %w", err)
+	}
+	tok, err := os.ReadFile(filepath.Join(dir, "warren", daemon.AdminTokenFile))
+	if err != nil {
+		return err
+	}
+	c := client.New("http://"+addr, strings.TrimSpace(string(tok)))
+	img, err := c.GetImage(ctx, "busybox")
+	if err != nil {
+		return err
+	}
+	blobs, err := blob.NewDir(filepath.Join(dir, "warren", "blobs"))
+	if err != nil {
+		return err
+	}
+	layer, err := image.NewCache(filepath.Join(dir, "raw-cache"), blobs).Fetch(ctx, img.Layers[0])
+	if err != nil {
+		return err
+	}
+	raw, err := newRawRunc(filepath.Join(dir, "raw"), layer.Path)
+	if err != nil {
+		return err
+	}
+	defer raw.close()
+
+	warren := func(ctx context.Context) (func(), error) {
+		sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Image: "busybox",
+			Resources: api.Resources{CPU: 0.1, Memory: 64 << 20}})
+		if err != nil {
+			return nil, err
+		}
+		return func() { c.DeleteSandbox(context.Background(), sb.ID) }, nil
+	}
+
+	fmt.Printf("bench/create: n=%d per mode, %d concurrent clients, %d rounds, %s\n", n, conc, rounds, time.Now().UTC().Format(time.RFC3339))
+	results := map[string][]stats{}
+	for r := 0; r < rounds; r++ {
+		for _, m := range []struct {
+			name string
+			c    int
+		}{{"seq", 1}, {fmt.Sprintf("c%d", conc), conc}} {
+			// Alternate who goes first so drift favours neither.
+			order := []string{"warren", "runc"}
+			if r%2 == 1 {
+				order = []string{"runc", "warren"}
+			}
+			for _, who := range order {
+				f := warren
+				if who == "runc" {
+					f = raw.create
+				}
+				s, err := measure(ctx, n, m.c, f)
+				if err != nil {
+					return fmt.Errorf("%s %s: %w", who, m.name, err)
+				}
+				results[who+" "+m.name] = append(results[who+" "+m.name], s)
+			}
+		}
+	}
+	for _, m := range []string{"seq", fmt.Sprintf("c%d", conc)} {
+		w, rr := results["warren "+m], results["runc "+m]
+		fmt.Printf("\n%-4s %-8s %14s %12s %12s\n", m, "", "creates/s", "p50", "p99")
+		for _, row := range []struct {
+			name string
+			s    []stats
+		}{{"warren", w}, {"runc", rr}} {
+			fmt.Printf("     %-8s %14s %12s %12s\n", row.name,
+				spread(row.s, func(s stats) float64 { return s.rate }, "%.1f"),
+				spread(row.s, func(s stats) float64 { return ms(s.p50) }, "%.0fms"),
+				spread(row.s, func(s stats) float64 { return ms(s.p99) }, "%.0fms"))
+		}
+		fmt.Printf("     ratio    throughput warren/runc = %.2fx (target >= 0.8)   p99 warren/runc = %.2fx (target <= 2)\n",
+			median(w, func(s stats) float64 { return s.rate })/median(rr, func(s stats) float64 { return s.rate }),
+			median(w, func(s stats) float64 { return ms(s.p99) })/median(rr, func(s stats) float64 { return ms(s.p99) }))
+	}
+	return nil
+}
+
+type stats struct {
+	rate     float64
+	p50, p99 time.Duration
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func median(ss []stats, f func(stats) float64) float64 {
+	v := make([]float64, len(ss))
+	for i, s := range ss {
+		v[i] = f(s)
+	}
+	sort.Float64s(v)
+	return v[len(v)/2]
+}
+
+// spread prints "median (min-max)".
+func spread(ss []stats, f func(stats) float64, format string) string {
+	v := make([]float64, len(ss))
+	for i, s := range ss {
+		v[i] = f(s)
+	}
+	sort.Float64s(v)
+	return fmt.Sprintf(format+" ("+format+"-"+format+")", v[len(v)/2], v[0], v[len(v)-1])
+}
+
+// measure runs n creates over c workers, timing each, then undoes them.
+func measure(ctx context.Context, n, c int, create func(context.Context) (func(), error)) (stats, error) {
+	var (
+		mu      sync.Mutex
+		lat     []time.Duration
+		undo    []func()
+		firstEr error
+	)
+	next := make(chan struct{}, n)
+	for i := 0; i < n; i++ {
+		next <- struct{}{}
+	}
+	close(next)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := 0; w < c; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range next {
+				t := time.Now()
+				u, err := create(ctx)
+				d := time.Since(t)
+				mu.Lock()
+				if err != nil && firstEr == nil {
+					firstEr = err
+				}
+				if err == nil {
+					lat = append(lat, d)
+					undo = append(undo, u)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	for _, u := range undo {
+		u()
+	}
+	if firstEr != nil {
+		return stats{}, firstEr
+	}
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	return stats{
+		rate: float64(n) / elapsed.Seconds(),
+		p50:  lat[len(lat)/2],
+		p99:  lat[min(len(lat)-1, len(lat)*99/100)],
+	}, nil
+}
+
+// rawRunc creates plain runc containers: overlay over one shared EROFS
+// mount, runc's default spec, `runc run -d`.
+type rawRunc struct {
+	dir, lower string
+	spec       []byte // runc's default spec, as `runc spec` writes it
+	mu         sync.Mutex
+	seq        int
+}
+
+func newRawRunc(dir, layerFile string) (*rawRunc, error) {
+	r := &rawRunc{dir: dir, lower: filepath.Join(dir, "lower")}
+	if err := os.MkdirAll(r.lower, 0o755); err != nil {
+		return nil, err
+	}
+	if out, err := exec.Command("runc", "spec", "--bundle", dir).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("runc spec: %v: %s", err, out)
+	}
+	spec, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return nil, err
+	}
+	r.spec = spec
+	if err := unix.Mount(layerFile, r.lower, "erofs", unix.MS_RDONLY, ""); err != nil {
+		return nil, fmt.Errorf("mount erofs: %w", err)
+	}
+	return r, nil
+}
+
+func (r *rawRunc) close() {
+	unix.Unmount(r.lower, unix.MNT_DETACH)
+}
+
+func (r *rawRunc) create(ctx context.Context) (func(), error) {
+	r.mu.Lock()
+	r.seq++
+	id := fmt.Sprintf("wbench-raw-%d-%d", os.Getpid(), r.seq)
+	r.mu.Unlock()
+	b := filepath.Join(r.dir, id)
+	rootfs := filepath.Join(b, "rootfs")
+	for _, d := range []string{"upper", "work", "rootfs"} {
+		if err := os.MkdirAll(filepath.Join(b, d), 0o755); err != nil {
+			return nil, err
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", r.lower, filepath.Join(b, "upper"), filepath.Join(b, "work"))
+	if err := unix.Mount("overlay", rootfs, "overlay", 0, opts); err != nil {
+		return nil, fmt.Errorf("mount overlay: %w", err)
+	}
+	if err := r.writeSpec(b, id); err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, "runc", "--root", filepath.Join(r.dir, "runc"), "run", "-d", "--bundle", b, id)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("runc run: %v: %s", err, out)
+	}
+	return func() {
+		exec.Command("runc", "--root", filepath.Join(r.dir, "runc"), "delete", "--force", id).Run()
+		unix.Unmount(rootfs, unix.MNT_DETACH)
+		os.RemoveAll(b)
+	}, nil
+}
+
+// writeSpec writes runc's default spec, changed only to run detached
+// without a terminal and with the limits the warren side asks for.
+func (r *rawRunc) writeSpec(bundle, id string) error {
+	path := filepath.Join(bundle, "config.json")
+	var spec map[string]any
+	if err := json.Unmarshal(r.spec, &spec); err != nil {
+		return err
+	}
+	proc := spec["process"].(map[string]any)
+	proc["terminal"] = false
+	proc["args"] = []string{"/bin/sleep", "3600"}
+	spec["hostname"] = id
+	linux := spec["linux"].(map[string]any)
+	linux["cgroupsPath"] = "/wbench-raw/" + id
+	linux["resources"] = map[string]any{
+		"memory": map[string]any{"limit": 64 << 20},
+		"cpu":    map[string]any{"quota": 10000, "period": 100000},
+		"pids":   map[string]any{"limit": 1024},
+	}
+	spec["root"] = map[string]any{"path": "rootfs", "readonly": false}
+	out, err := json.Marshal(spec)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, out, 0o644)
+}

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/warrenhq/warren/api"
+)
+
+func newImageLsCmd(a *app) *cobra.Command {
+	var output string
+	c := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List images",
+		Args:    noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output, outDefault, outJSON); err != nil {
+				return err
+			}
+			images, err := a.client().ListImages(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if output == outJSON {
+				if images == nil {
+					images = []api.Image{}
+				}
+				return writeJSON(a.stdout, api.ImageList{Images: images})
+			}
+			now := time.Now()
+			tw := newTable(a.stdout, "NAME", "LAYERS", "SIZE", "CREATED")
+			for _, im := range images {
+				row(tw, im.Name, fmt.Sprint(len(im.Layers)), fmtBytes(im.Size), age(im.CreatedAt, now))
+			}
+			return tw.Flush()
+		},
+	}
+	c.Flags().StringVarP(&output, "output", "o", "", "output: table (default) or json")
+	return c
+}
+
+func newNodeLsCmd(a *app) *cobra.Command {
+	var output string
+	c := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List node agents with their capacity, usage and health",
+		Args:    noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output, outDefault, outJSON); err != nil {
+				return err
+			}
+			nodes, err := a.client().ListNodes(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if output == outJSON {
+				if nodes == nil {
+					nodes = []api.Node{}
+				}
+				return writeJSON(a.stdout, api.NodeList{Nodes: nodes})
+			}
+			tw := newTable(a.stdout, "ID", "HEALTHY", "BACKENDS", "CPU", "MEMORY", "SANDBOXES", "PROBLEMS")
+			for _, n := range nodes {
+				health := "yes"
+				if !n.Healthy {
+					health = "no"
+				}
+				row(tw, n.ID, health, orDash(strings.Join(n.Backends, ",")),
+					num(n.Usage.CPU)+"/"+num(n.Capacity.CPU),
+					memHuman(n.Usage.Memory)+"/"+memHuman(n.Capacity.Memory),
+					fmt.Sprintf("%d/%d", n.Usage.Sandboxes, n.Capacity.Sandboxes),
+					orDash(strings.Join(n.Problems, "; ")))
+			}
+			return tw.Flush()
+		},
+	}
+	c.Flags().StringVarP(&output, "output", "o", "", "output: table (default) or json")
+	return c
+}
+
+func num(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+
+// memHuman is q's exact form ("256Mi") when it has one, else a rounded one.
+func memHuman(q api.Quantity) string {
+	if s := q.String(); q < 1024 || strings.ContainsAny(s, "KMGT") {
+		return s
+	}
+	return fmtBytes(int64(q))
+}

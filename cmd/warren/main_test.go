@@ -1,0 +1,343 @@
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/client/clienttest"
+)
+
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// cli runs the warren command line against srv with token "tok" in the
+// environment unless env overrides it ("" deletes a variable).
+func cli(t *testing.T, srv *clienttest.Server, env map[string]string, stdin string, args ...string) result {
+	t.Helper()
+	vars := map[string]string{"WARREN_ADDR": srv.URL, "WARREN_TOKEN": "tok", "WARREN_DATA_DIR": t.TempDir()}
+	for k, v := range env {
+		vars[k] = v
+	}
+	var out, errOut bytes.Buffer
+	a := &app{stdin: strings.NewReader(stdin), stdout: &out, stderr: &errOut, getenv: func(k string) string { return vars[k] }}
+	code := run(context.Background(), args, a)
+	return result{code, out.String(), errOut.String()}
+}
+
+func newServer(t *testing.T, opts ...clienttest.Option) *clienttest.Server {
+	t.Helper()
+	srv := clienttest.NewServer(append([]clienttest.Option{clienttest.WithToken("tok")}, opts...)...)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func mustCreate(t *testing.T, srv *clienttest.Server, args ...string) string {
+	t.Helper()
+	r := cli(t, srv, nil, "", append([]string{"sandbox", "create", "--image", "busybox"}, args...)...)
+	if r.code != 0 {
+		t.Fatalf("create: exit %d, stderr %q", r.code, r.stderr)
+	}
+	return strings.TrimSpace(r.stdout)
+}
+
+func TestSandboxLifecycle(t *testing.T) {
+	srv := newServer(t)
+	id := mustCreate(t, srv, "--cpu", "0.5", "--memory", "256Mi", "--ttl", "30m", "--idle-timeout", "10m",
+		"--label", "task=demo", "--label", "run=1", "--env", "K=V", "--backend", "container")
+	sb, ok := srv.Sandbox(id)
+	if !ok {
+		t.Fatalf("create printed %q, not a sandbox id", id)
+	}
+	if sb.Resources.CPU != 0.5 || sb.Resources.Memory != 256<<20 || sb.TTL.D().Minutes() != 30 ||
+		sb.IdleTimeout.D().Minutes() != 10 || sb.Labels["task"] != "demo" || sb.Env["K"] != "V" {
+		t.Errorf("server got %+v", sb)
+	}
+	other := mustCreate(t, srv, "--label", "task=other")
+
+	r := cli(t, srv, nil, "", "sandbox", "ls")
+	if r.code != 0 || !strings.Contains(r.stdout, "ID") || !strings.Contains(r.stdout, "LABELS") ||
+		!strings.Contains(r.stdout, id) || !strings.Contains(r.stdout, "run=1,task=demo") || !strings.Contains(r.stdout, "256Mi") {
+		t.Errorf("ls: exit %d\n%s", r.code, r.stdout)
+	}
+	r = cli(t, srv, nil, "", "sandbox", "ls", "--label", "task=demo", "-o", "id")
+	if r.stdout != id+"\n" {
+		t.Errorf("ls --label task=demo -o id = %q, want %q", r.stdout, id+"\n")
+	}
+	r = cli(t, srv, nil, "", "sandbox", "ls", "-o", "json")
+	var list api.SandboxList
+	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || len(list.Sandboxes) != 2 {
+		t.Errorf("ls -o json: %v %q", err, r.stdout)
+	}
+
+	r = cli(t, srv, nil, "", "sandbox", "get", id, "-o", "json")
+	var got api.Sandbox
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || got.ID != id {
+		t.Errorf("get -o json: %v %q", err, r.stdout)
+	}
+	r = cli(t, srv, nil, "", "sandbox", "get", id)
+	if !strings.Contains(r.stdout, "State:") || !strings.Contains(r.stdout, "running") {
+		t.Errorf("get: %q", r.stdout)
+	}
+
+	r = cli(t, srv, nil, "", "sandbox", "create", "--image", "busybox", "-o", "json")
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || got.Image != "busybox" {
+		t.Errorf("create -o json: %v %q", err, r.stdout)
+	}
+
+	r = cli(t, srv, nil, "", "sandbox", "rm", id, other)
+	if r.code != 0 || r.stdout != id+"\n"+other+"\n" {
+		t.Errorf("rm: exit %d stdout %q stderr %q", r.code, r.stdout, r.stderr)
+	}
+	if _, ok := srv.Sandbox(id); ok {
+		t.Error("sandbox still there after rm")
+	}
+}
+
+func TestErrorsAndExitCodes(t *testing.T) {
+	srv := newServer(t)
+	for _, tc := range []struct {
+		name   string
+		env    map[string]string
+		args   []string
+		code   int
+		stderr string
+	}{
+		{"api error", nil, []string{"sandbox", "get", "n1-nope"}, 1, "warren: sandbox n1-nope not found (sandbox_not_found)\n"},
+		{"image not found", nil, []string{"sandbox", "create", "--image", "nope"}, 1, "warren: image nope not found (image_not_found)\n"},
+		{"missing image flag", nil, []string{"sandbox", "create"}, 2, "warren: --image is required"},
+		{"unknown flag", nil, []string{"sandbox", "ls", "--nope"}, 2, "unknown flag"},
+		{"unknown command", nil, []string{"frobnicate"}, 2, `unknown command "frobnicate"`},
+		{"unknown subcommand", nil, []string{"sandbox", "frob"}, 2, `unknown command "frob"`},
+		{"bad label", nil, []string{"sandbox", "create", "--image", "busybox", "--label", "novalue"}, 2, "want KEY=VALUE"},
+		{"bad memory", nil, []string{"sandbox", "create", "--image", "busybox", "--memory", "lots"}, 2, "--memory"},
+		{"bad output", nil, []string{"sandbox", "ls", "-o", "yaml"}, 2, "unknown output format"},
+		{"get needs id", nil, []string{"sandbox", "get"}, 2, "one sandbox id"},
+		{"no token", map[string]string{"WARREN_TOKEN": ""}, []string{"sandbox", "ls"}, 1, "(unauthenticated); no token found"},
+		{"bad token flag", nil, []string{"--token", "wrong", "sandbox", "ls"}, 1, "(unauthenticated)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := cli(t, srv, tc.env, "", tc.args...)
+			if r.code != tc.code || !strings.Contains(r.stderr, tc.stderr) {
+				t.Errorf("exit %d stderr %q; want exit %d and %q", r.code, r.stderr, tc.code, tc.stderr)
+			}
+		})
+	}
+}
+
+func TestTokenFromDataDir(t *testing.T) {
+	srv := newServer(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "admin-token"), []byte("tok\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := cli(t, srv, map[string]string{"WARREN_TOKEN": "", "WARREN_DATA_DIR": dir}, "", "sandbox", "ls")
+	if r.code != 0 {
+		t.Fatalf("exit %d: %s", r.code, r.stderr)
+	}
+}
+
+func TestExec(t *testing.T) {
+	srv := newServer(t)
+	id := mustCreate(t, srv)
+	for _, tc := range []struct {
+		name           string
+		stdin          string
+		args           []string
+		code           int
+		stdout, stderr string
+	}{
+		{"echo", "", []string{"exec", id, "--", "echo", "hi", "there"}, 0, "hi there\n", ""},
+		{"no dashes", "", []string{"exec", id, "echo", "hi"}, 0, "hi\n", ""},
+		{"exit code", "", []string{"exec", id, "--", "exit", "3"}, 3, "", ""},
+		{"stderr", "", []string{"exec", id, "--", "warn", "careful"}, 0, "", "careful\n"},
+		{"not found", "", []string{"exec", id, "--", "nope"}, 127, "", "nope: not found\n"},
+		{"shell form", "", []string{"exec", id, "--sh", "echo from sh"}, 0, "from sh\n", ""},
+		{"timeout", "", []string{"exec", id, "--timeout", "20ms", "--", "sleep", "5"}, 124, "", "warren: exec timed out after 20ms\n"},
+		{"stdin", "line\n", []string{"exec", "-i", id, "--", "cat"}, 0, "line\n", ""},
+		{"binary stdin", "\xff\x00\xfe", []string{"exec", id, "-i", "--", "cat"}, 0, "\xff\x00\xfe", ""},
+		{"no stdin without -i", "ignored", []string{"exec", id, "--", "cat"}, 0, "", ""},
+		{"truncated", "", []string{"exec", id, "--max-output", "4", "--", "echo", "0123456789"}, 0, "0123",
+			"warren: stdout truncated: showed 4B of 11B (raise --max-output)\n"},
+		{"no command", "", []string{"exec", id}, 2, "", "exactly one of"},
+		{"argv and sh", "", []string{"exec", id, "--sh", "x", "--", "echo"}, 2, "", "exactly one of"},
+		{"no sandbox", "", []string{"exec"}, 2, "", "needs a sandbox id"},
+		{"missing sandbox", "", []string{"exec", "n1-nope", "--", "true"}, 1, "", "(sandbox_not_found)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := cli(t, srv, nil, tc.stdin, tc.args...)
+			if r.code != tc.code || r.stdout != tc.stdout || !strings.Contains(r.stderr, tc.stderr) || (tc.stderr == "" && r.stderr != "") {
+				t.Errorf("got exit %d stdout %q stderr %q; want %d %q %q", r.code, r.stdout, r.stderr, tc.code, tc.stdout, tc.stderr)
+			}
+		})
+	}
+}
+
+func TestExecSignalAndStreamError(t *testing.T) {
+	srv := newServer(t, clienttest.WithExec(func(ctx context.Context, sb api.Sandbox, req api.ExecRequest, stdin []byte, stdout, stderr io.Writer) (api.ExecResult, error) {
+		switch req.Argv[0] {
+		case "oom":
+			io.WriteString(stdout, "allocating\n")
+			return api.ExecResult{ExitCode: -1, Signal: "SIGKILL"}, nil
+		case "vanish":
+			io.WriteString(stdout, "partial")
+			return api.ExecResult{}, clienttest.Fail(503, api.CodeUnavailable, "node lost")
+		}
+		return api.ExecResult{}, nil
+	}))
+	id := mustCreate(t, srv)
+	r := cli(t, srv, nil, "", "exec", id, "--", "oom")
+	if r.code != 137 || r.stdout != "allocating\n" || !strings.Contains(r.stderr, "killed by SIGKILL") {
+		t.Errorf("oom: %+v", r)
+	}
+	r = cli(t, srv, nil, "", "exec", id, "--", "vanish")
+	if r.code != 1 || r.stdout != "partial" || r.stderr != "warren: node lost (unavailable)\n" {
+		t.Errorf("vanish: %+v", r)
+	}
+}
+
+func TestCp(t *testing.T) {
+	srv := newServer(t)
+	id := mustCreate(t, srv)
+	local := t.TempDir()
+	os.WriteFile(filepath.Join(local, "main.py"), []byte("print(1)\n"), 0o755)
+	os.MkdirAll(filepath.Join(local, "task", "data"), 0o755)
+	os.WriteFile(filepath.Join(local, "task", "data", "in.txt"), []byte("input"), 0o644)
+
+	for _, tc := range []struct {
+		args []string
+		code int
+	}{
+		{[]string{"cp", filepath.Join(local, "main.py"), id + ":/work/"}, 0},
+		{[]string{"cp", filepath.Join(local, "task"), id + ":/work"}, 0},
+		{[]string{"cp", filepath.Join(local, "task"), id + ":/fresh"}, 0},
+	} {
+		if r := cli(t, srv, nil, "", tc.args...); r.code != tc.code {
+			t.Fatalf("%v: exit %d %s", tc.args, r.code, r.stderr)
+		}
+	}
+	for p, want := range map[string]string{"/work/main.py": "print(1)\n", "/work/task/data/in.txt": "input", "/fresh/data/in.txt": "input"} {
+		if got, _, ok := srv.File(id, p); !ok || string(got) != want {
+			t.Errorf("%s = %q (%v), want %q", p, got, ok, want)
+		}
+	}
+	if _, mode, _ := srv.File(id, "/work/main.py"); mode != 0o755 {
+		t.Errorf("main.py mode %v", mode)
+	}
+
+	out := t.TempDir()
+	if r := cli(t, srv, nil, "", "cp", id+":/work/main.py", out); r.code != 0 {
+		t.Fatalf("cp out file: %+v", r)
+	}
+	if b, _ := os.ReadFile(filepath.Join(out, "main.py")); string(b) != "print(1)\n" {
+		t.Errorf("main.py = %q", b)
+	}
+	if r := cli(t, srv, nil, "", "cp", id+":/work/task", filepath.Join(out, "t2")); r.code != 0 {
+		t.Fatalf("cp out dir: %+v", r)
+	}
+	if b, _ := os.ReadFile(filepath.Join(out, "t2", "data", "in.txt")); string(b) != "input" {
+		t.Errorf("t2/data/in.txt = %q", b)
+	}
+
+	r := cli(t, srv, nil, "", "cp", id+":/work/task", "-")
+	tr := tar.NewReader(strings.NewReader(r.stdout))
+	var names []string
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			break
+		}
+		names = append(names, h.Name)
+	}
+	if strings.Join(names, " ") != "task/ task/data/ task/data/in.txt" {
+		t.Errorf("cp to - gave entries %q", names)
+	}
+
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	tw.WriteHeader(&tar.Header{Name: "piped.txt", Mode: 0o644, Size: 2, Typeflag: tar.TypeReg})
+	tw.Write([]byte("ok"))
+	tw.Close()
+	if r := cli(t, srv, nil, buf.String(), "cp", "-", id+":/work/in"); r.code != 0 {
+		t.Fatalf("cp from -: %+v", r)
+	}
+	if got, _, _ := srv.File(id, "/work/in/piped.txt"); string(got) != "ok" {
+		t.Errorf("piped.txt = %q", got)
+	}
+
+	for _, args := range [][]string{{"cp", "a", "b"}, {"cp", id + ":/a", id + ":/b"}, {"cp", "a"}} {
+		if r := cli(t, srv, nil, "", args...); r.code != 2 {
+			t.Errorf("%v: exit %d, want 2 (%s)", args, r.code, r.stderr)
+		}
+	}
+	if r := cli(t, srv, nil, "", "cp", id+":/work/missing", out); r.code != 1 || !strings.Contains(r.stderr, "(file_not_found)") {
+		t.Errorf("missing: %+v", r)
+	}
+}
+
+func TestImageAndNodeLs(t *testing.T) {
+	srv := newServer(t)
+	r := cli(t, srv, nil, "", "image", "ls")
+	if r.code != 0 || !strings.Contains(r.stdout, "NAME") || !strings.Contains(r.stdout, "busybox") {
+		t.Errorf("image ls: %+v", r)
+	}
+	r = cli(t, srv, nil, "", "node", "ls", "-o", "json")
+	var nodes api.NodeList
+	if err := json.Unmarshal([]byte(r.stdout), &nodes); err != nil || len(nodes.Nodes) != 1 {
+		t.Errorf("node ls -o json: %v %q", err, r.stdout)
+	}
+	r = cli(t, srv, nil, "", "node", "ls")
+	if r.code != 0 || !strings.Contains(r.stdout, "HEALTHY") || !strings.Contains(r.stdout, "n1") {
+		t.Errorf("node ls: %+v", r)
+	}
+}
+
+func TestSplitRemote(t *testing.T) {
+	for _, tc := range []struct {
+		in     string
+		id     string
+		path   string
+		remote bool
+	}{
+		{"n1-1:/work", "n1-1", "/work", true},
+		{"n1-1:/a:b", "n1-1", "/a:b", true},
+		{"./a:b", "", "./a:b", false},
+		{"/abs/a:b", "", "/abs/a:b", false},
+		{"dir/a:b", "", "dir/a:b", false},
+		{":x", "", ":x", false},
+		{"file.txt", "", "file.txt", false},
+		{"-", "", "-", false},
+	} {
+		id, p, remote := splitRemote(tc.in)
+		if id != tc.id || p != tc.path || remote != tc.remote {
+			t.Errorf("splitRemote(%q) = %q %q %v, want %q %q %v", tc.in, id, p, remote, tc.id, tc.path, tc.remote)
+		}
+	}
+}
+
+func TestExitCode(t *testing.T) {
+	for _, tc := range []struct {
+		res  api.ExecResult
+		want int
+	}{
+		{api.ExecResult{ExitCode: 0}, 0},
+		{api.ExecResult{ExitCode: 42}, 42},
+		{api.ExecResult{ExitCode: 137, Signal: "SIGKILL"}, 137},
+		{api.ExecResult{ExitCode: -1, Signal: "SIGSEGV"}, 139},
+		{api.ExecResult{Signal: "TERM"}, 143},
+		{api.ExecResult{ExitCode: 1000}, 255},
+	} {
+		if got := exitCode(&tc.res); got != tc.want {
+			t.Errorf("exitCode(%+v) = %d, want %d", tc.res, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,227 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/client"
+)
+
+func newSandboxCreateCmd(a *app) *cobra.Command {
+	var (
+		req            api.CreateSandboxRequest
+		memory, output string
+		labels, env    []string
+		ttl, idle      time.Duration
+	)
+	c := &cobra.Command{
+		Use:   "create --image IMAGE [flags]",
+		Short: "Create a sandbox and print its id",
+		Example: `  warren sandbox create --image busybox --cpu 1 --memory 256Mi --ttl 30m --label task=demo
+  id=$(warren sandbox create --image busybox)`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output, outDefault, outID, outJSON); err != nil {
+				return err
+			}
+			if req.Image == "" {
+				return usagef("--image is required")
+			}
+			if memory != "" {
+				q, err := api.ParseQuantity(memory)
+				if err != nil {
+					return usagef("--memory: %v", err)
+				}
+				req.Resources.Memory = q
+			}
+			if ttl < 0 || idle < 0 {
+				return usagef("--ttl and --idle-timeout must not be negative")
+			}
+			req.TTL, req.IdleTimeout = api.Duration(ttl), api.Duration(idle)
+			var err error
+			if req.Labels, err = parseKVs("label", labels, a.getenv, false); err != nil {
+				return err
+			}
+			if req.Env, err = parseKVs("env", env, a.getenv, true); err != nil {
+				return err
+			}
+			sb, err := a.client().CreateSandbox(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			if output == outJSON {
+				return writeJSON(a.stdout, sb)
+			}
+			fmt.Fprintln(a.stdout, sb.ID)
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&req.Image, "image", "", "image (environment) to start from (required)")
+	f.StringVar(&req.Backend, "backend", "", "backend: container, fncall, microvm or vm (server default: container)")
+	f.Float64Var(&req.Resources.CPU, "cpu", 0, "CPU cores, e.g. 0.5 (server default when 0)")
+	f.StringVar(&memory, "memory", "", "memory limit, e.g. 256Mi or 1G")
+	f.Int64Var(&req.Resources.PIDs, "pids", 0, "process and thread limit")
+	f.DurationVar(&ttl, "ttl", 0, "lifetime, e.g. 30m (server default when 0)")
+	f.DurationVar(&idle, "idle-timeout", 0, "destroy after this long without use (0: never)")
+	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE (repeatable)")
+	f.StringArrayVarP(&env, "env", "e", nil, "environment KEY=VALUE, or KEY to pass the local value (repeatable)")
+	f.StringVarP(&output, "output", "o", "", "output: id (default) or json")
+	return c
+}
+
+func newSandboxLsCmd(a *app) *cobra.Command {
+	var (
+		labels []string
+		state  string
+		output string
+	)
+	c := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List sandboxes",
+		Args:    noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output, outDefault, outJSON, outID); err != nil {
+				return err
+			}
+			lm, err := parseKVs("label", labels, a.getenv, false)
+			if err != nil {
+				return err
+			}
+			list, err := a.client().ListSandboxes(cmd.Context(), client.ListOptions{Labels: lm, State: state})
+			if err != nil {
+				return err
+			}
+			switch output {
+			case outJSON:
+				if list == nil {
+					list = []api.Sandbox{}
+				}
+				return writeJSON(a.stdout, api.SandboxList{Sandboxes: list})
+			case outID:
+				for _, sb := range list {
+					fmt.Fprintln(a.stdout, sb.ID)
+				}
+				return nil
+			}
+			now := time.Now()
+			tw := newTable(a.stdout, "ID", "IMAGE", "STATE", "CPU", "MEMORY", "AGE", "LABELS")
+			for _, sb := range list {
+				row(tw, sb.ID, sb.Image, sb.State, fmtCPU(sb.Resources.CPU), orDash(memString(sb.Resources.Memory)),
+					age(sb.CreatedAt, now), kvList(sb.Labels, ","))
+			}
+			return tw.Flush()
+		},
+	}
+	f := c.Flags()
+	f.StringArrayVar(&labels, "label", nil, "only sandboxes with label KEY=VALUE (repeatable; all must match)")
+	f.StringVar(&state, "state", "", "only sandboxes in this state (creating, running, paused, stopping, stopped, failed, lost)")
+	f.StringVarP(&output, "output", "o", "", "output: table (default), json or id")
+	return c
+}
+
+func memString(q api.Quantity) string {
+	if q == 0 {
+		return ""
+	}
+	return q.String()
+}
+
+func newSandboxGetCmd(a *app) *cobra.Command {
+	var output string
+	c := &cobra.Command{
+		Use:     "get SBX",
+		Aliases: []string{"inspect"},
+		Short:   "Show one sandbox",
+		Args:    exactArgs(1, "one sandbox id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output, outDefault, outJSON); err != nil {
+				return err
+			}
+			sb, err := a.client().GetSandbox(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if output == outJSON {
+				return writeJSON(a.stdout, sb)
+			}
+			now := time.Now()
+			tw := newTable(a.stdout, "ID:", sb.ID)
+			row(tw, "Node:", sb.Node)
+			row(tw, "Backend:", sb.Backend)
+			row(tw, "Image:", sb.Image)
+			row(tw, "State:", sb.State)
+			if sb.Reason != "" {
+				row(tw, "Reason:", sb.Reason)
+			}
+			row(tw, "CPU:", fmtCPU(sb.Resources.CPU))
+			row(tw, "Memory:", orDash(memString(sb.Resources.Memory)))
+			if sb.Resources.PIDs > 0 {
+				row(tw, "PIDs:", fmt.Sprint(sb.Resources.PIDs))
+			}
+			row(tw, "TTL:", durOrDash(sb.TTL))
+			row(tw, "Idle timeout:", durOrDash(sb.IdleTimeout))
+			row(tw, "Labels:", kvList(sb.Labels, ", "))
+			row(tw, "Env:", kvList(sb.Env, ", "))
+			row(tw, "Created:", stamp(sb.CreatedAt, now))
+			row(tw, "Last used:", stamp(sb.LastUsedAt, now))
+			if sb.ExpiresAt != nil {
+				row(tw, "Expires:", sb.ExpiresAt.Local().Format(time.RFC3339))
+			}
+			return tw.Flush()
+		},
+	}
+	c.Flags().StringVarP(&output, "output", "o", "", "output: text (default) or json")
+	return c
+}
+
+func durOrDash(d api.Duration) string {
+	if d == 0 {
+		return "-"
+	}
+	return d.String()
+}
+
+func stamp(t, now time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return fmt.Sprintf("%s (%s ago)", t.Local().Format(time.RFC3339), age(t, now))
+}
+
+func newSandboxRmCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:     "rm SBX [SBX...]",
+		Aliases: []string{"delete", "remove"},
+		Short:   "Destroy sandboxes (deleting one already gone succeeds)",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usagef("%s takes one or more sandbox ids", cmd.CommandPath())
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c := a.client()
+			failed := 0
+			for _, id := range args {
+				if err := c.DeleteSandbox(cmd.Context(), id); err != nil {
+					if cmd.Context().Err() != nil {
+						return cmd.Context().Err()
+					}
+					fmt.Fprintf(a.stderr, "warren: %s: %s\n", id, a.describe(err))
+					failed++
+					continue
+				}
+				fmt.Fprintln(a.stdout, id)
+			}
+			if failed > 0 {
+				return exitError{1}
+			}
+			return nil
+		},
+	}
+}

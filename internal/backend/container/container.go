@@ -1,0 +1,264 @@
+// Package container is the container backend: each sandbox is an OCI
+// container run by runc, whose root is an overlayfs with a private writable
+// upper directory over the sandbox's read-only EROFS layers, shared by
+// every sandbox on the node (image.Mounts).
+//
+// There is no platform daemon inside a sandbox. Its pid 1 is catatonit in
+// pause mode (it reaps zombies and does nothing else), bind-mounted
+// read-only from the host onto /dev/init, which lives in the sandbox's /dev
+// tmpfs so that nothing is written to the sandbox's root. Exec enters the
+// sandbox from the host with `runc exec`; file calls read and write the
+// merged root from the host through package rootfs.
+//
+// Sandboxes outlive the agent: `runc create` detaches the container's init
+// from the agent, and all state needed to re-adopt a sandbox is on disk
+// (the sandbox directory under Config.StateDir, runc's state under
+// Config.RuncRoot, the mounts). Recover rebuilds the in-memory view.
+//
+// Every exec runs in its own child cgroup of the sandbox's cgroup (the
+// freezer hierarchy on cgroup v1, a plain child on v2), so a timeout kills
+// exactly that exec's process tree, including children it put in the
+// background, and leaves the sandbox running.
+package container
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/internal/backend"
+	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/image"
+)
+
+// Config configures a Container backend. Everything it creates on the host
+// is namespaced by StateDir, RuncRoot and CgroupParent, so several agents
+// can share a host if they differ in all three.
+type Config struct {
+	// StateDir holds the backend's on-disk state: one directory per
+	// sandbox under sandboxes/ (overlay upper and work dirs, the merged
+	// root, the OCI bundle) and, by default, the layer mounts and runc's
+	// state. Required; it must be on a local filesystem that can be an
+	// overlayfs upper dir (ext4, xfs, btrfs, tmpfs).
+	StateDir string
+	// RuncRoot is runc's --root directory. Default <StateDir>/runc.
+	RuncRoot string
+	// CgroupParent is the cgroup path under which each sandbox gets
+	// <CgroupParent>/<id> in every hierarchy, such as "/warren/<node-id>".
+	// Default "/warren".
+	CgroupParent string
+	// Mounts shares layer mounts between sandboxes (and with other users
+	// on the node, such as the fncall backend). Default
+	// image.NewMounts(<StateDir>/layers).
+	Mounts *image.Mounts
+	// RuncPath is the runc binary. Default "runc" from PATH.
+	RuncPath string
+	// InitPath is the static catatonit binary run as every sandbox's pid
+	// 1. Default "catatonit" from PATH.
+	InitPath string
+	// ExecOutputGrace bounds how long Exec keeps reading output after the
+	// command exited while processes it left in the background still hold
+	// its stdout or stderr. Default 100ms.
+	ExecOutputGrace time.Duration
+}
+
+// Container is the container backend. Its methods are safe for concurrent
+// use; lifecycle calls on one sandbox are serialised.
+type Container struct {
+	cfg        Config
+	sandboxDir string // <StateDir>/sandboxes
+	noSwapCtl  bool   // cgroup v1 without swap accounting: cannot set memsw
+	rlimits    []specs.POSIXRlimit
+
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox
+}
+
+// Interface guards.
+var (
+	_ backend.Backend = (*Container)(nil)
+	_ backend.Execer  = (*Container)(nil)
+	_ backend.Files   = (*Container)(nil)
+)
+
+// New returns a container backend, creating its state directories. It does
+// not check the host: Available does. ErrInvalid for a bad Config.
+func New(cfg Config) (*Container, error) {
+	if !filepath.IsAbs(cfg.StateDir) {
+		return nil, errdefs.Invalid("container backend: StateDir %q must be an absolute path", cfg.StateDir)
+	}
+	cfg.StateDir = filepath.Clean(cfg.StateDir)
+	if cfg.RuncRoot == "" {
+		cfg.RuncRoot = filepath.Join(cfg.StateDir, "runc")
+	}
+	if !filepath.IsAbs(cfg.RuncRoot) {
+		return nil, errdefs.Invalid("container backend: RuncRoot %q must be an absolute path", cfg.RuncRoot)
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "/warren"
+	}
+	if !strings.HasPrefix(cfg.CgroupParent, "/") || strings.Contains(cfg.CgroupParent, "..") || strings.Contains(cfg.CgroupParent, ":") {
+		return nil, errdefs.Invalid("container backend: CgroupParent %q must be an absolute cgroup path", cfg.CgroupParent)
+	}
+	cfg.CgroupParent = filepath.Clean(cfg.CgroupParent)
+	if cfg.Mounts == nil {
+		cfg.Mounts = image.NewMounts(filepath.Join(cfg.StateDir, "layers"))
+	}
+	if cfg.RuncPath == "" {
+		cfg.RuncPath = "runc"
+	}
+	if cfg.InitPath == "" {
+		cfg.InitPath = "catatonit"
+	}
+	// Resolve once so that every create does not search PATH; a missing
+	// binary is Available's business, not an error here.
+	if p, err := exec.LookPath(cfg.RuncPath); err == nil {
+		cfg.RuncPath = p
+	}
+	if p, err := exec.LookPath(cfg.InitPath); err == nil {
+		cfg.InitPath = p
+	}
+	if cfg.ExecOutputGrace <= 0 {
+		cfg.ExecOutputGrace = 100 * time.Millisecond
+	}
+	c := &Container{
+		cfg:        cfg,
+		sandboxDir: filepath.Join(cfg.StateDir, "sandboxes"),
+		sandboxes:  make(map[string]*sandbox),
+	}
+	for _, d := range []string{c.sandboxDir, cfg.RuncRoot} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("container backend: %w", err)
+		}
+	}
+	c.noSwapCtl = cgroupV1WithoutSwap()
+	c.rlimits = sandboxRlimits()
+	return c, nil
+}
+
+// Name returns "container".
+func (c *Container) Name() string { return "container" }
+
+// Capabilities of the container backend.
+func (c *Container) Capabilities() backend.Capabilities {
+	return backend.Capabilities{
+		Exec:     true,
+		Files:    true,
+		Hostname: true,
+		Isolated: true,
+		Limits:   true,
+		Recover:  true,
+	}
+}
+
+// Available checks what the backend needs: root, runc, catatonit,
+// mkfs.erofs (to build layers on this node), overlay and erofs in the
+// kernel, and a cgroup filesystem. ErrUnavailable says what is missing.
+func (c *Container) Available(ctx context.Context) error {
+	var missing []string
+	if os.Geteuid() != 0 {
+		missing = append(missing, "needs root")
+	}
+	for _, bin := range []string{c.cfg.RuncPath, c.cfg.InitPath, "mkfs.erofs"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			missing = append(missing, fmt.Sprintf("%s not found", bin))
+		}
+	}
+	fss, err := os.ReadFile("/proc/filesystems")
+	if err != nil {
+		missing = append(missing, fmt.Sprintf("cannot read /proc/filesystems: %v", err))
+	}
+	for _, fs := range []string{"overlay", "erofs"} {
+		if err == nil && !hasFilesystem(string(fss), fs) {
+			missing = append(missing, fmt.Sprintf("kernel lacks %s", fs))
+		}
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs("/sys/fs/cgroup", &st); err != nil {
+		missing = append(missing, fmt.Sprintf("no cgroup filesystem at /sys/fs/cgroup: %v", err))
+	}
+	if len(missing) > 0 {
+		return errdefs.Unavailable("container backend: %s", strings.Join(missing, "; "))
+	}
+	return nil
+}
+
+func hasFilesystem(procFilesystems, name string) bool {
+	for _, line := range strings.Split(procFilesystems, "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[len(f)-1] == name {
+			return true
+		}
+	}
+	return false
+}
+
+// sandbox is the in-memory view of one sandbox. spec, layers, init and cg
+// are set before ready and not changed after.
+type sandbox struct {
+	mu sync.Mutex // serialises lifecycle calls (Create, Start, Stop, Destroy)
+
+	ready  bool // created or recovered; guarded by Container.mu
+	spec   backend.Spec
+	layers []string   // digests this process holds a reference on
+	init   initProc   // the container's pid 1
+	cg     execCgroup // where exec sub-cgroups go
+
+	stopSignal atomic.Int32 // last signal Stop or Destroy sent to init
+}
+
+// validID keeps ids safe as path elements, runc ids and cgroup names.
+func validID(id string) error {
+	if id == "" || len(id) > 128 {
+		return errdefs.Invalid("sandbox id %q: want 1 to 128 characters", id)
+	}
+	for i, r := range id {
+		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' ||
+			i > 0 && (r == '-' || r == '_' || r == '.')
+		if !ok {
+			return errdefs.Invalid("sandbox id %q: want [A-Za-z0-9][A-Za-z0-9._-]*", id)
+		}
+	}
+	return nil
+}
+
+func (c *Container) dir(id string) string { return filepath.Join(c.sandboxDir, id) }
+
+// rootDir is where the sandbox's merged root is mounted on the host.
+func (c *Container) rootDir(id string) string { return filepath.Join(c.sandboxDir, id, "rootfs") }
+
+// get returns a created or recovered sandbox. ErrNotFound if unknown,
+// ErrConflict while it is being created.
+func (c *Container) get(id string) (*sandbox, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.sandboxes[id]
+	if s == nil {
+		return nil, errdefs.New(errdefs.ErrNotFound, "sandbox_not_found", "sandbox %s not found", id)
+	}
+	if !s.ready {
+		return nil, errdefs.New(errdefs.ErrConflict, "sandbox_busy", "sandbox %s is being created", id)
+	}
+	return s, nil
+}
+
+// releaseLayers drops the layer references s holds.
+func (c *Container) releaseLayers(s *sandbox) error {
+	var errs []error
+	for _, d := range s.layers {
+		if err := c.cfg.Mounts.Release(d); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	s.layers = nil
+	return errors.Join(errs...)
+}

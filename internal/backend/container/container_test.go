@@ -1,0 +1,809 @@
+package container
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/internal/backend"
+	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/image/imagetest"
+	"github.com/warrenhq/warren/internal/testutil"
+)
+
+// harness is one backend over a fresh state directory and cgroup parent,
+// with a busybox layer. Its cleanup destroys whatever the test left, with
+// any Container over the same directory.
+type harness struct {
+	t     *testing.T
+	c     *Container
+	cfg   Config
+	layer backend.Layer
+}
+
+func newHarness(t *testing.T) *harness {
+	t.Helper()
+	testutil.RequireContainers(t)
+	h := &harness{t: t, layer: imagetest.BusyboxLayer(t)}
+	h.cfg = Config{StateDir: t.TempDir(), CgroupParent: "/warren-test/" + randomHex(4)}
+	h.c = h.newContainer()
+	t.Cleanup(h.cleanup)
+	return h
+}
+
+// newContainer is a fresh process's view of the same node, as after an
+// agent restart: new layer mount table, same directories.
+func (h *harness) newContainer() *Container {
+	h.t.Helper()
+	c, err := New(h.cfg)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return c
+}
+
+func (h *harness) cleanup() {
+	ctx := context.Background()
+	entries, _ := os.ReadDir(h.c.sandboxDir)
+	for _, e := range entries {
+		if err := h.c.Destroy(ctx, e.Name()); err != nil {
+			h.t.Errorf("cleanup: %v", err)
+		}
+	}
+	if err := h.c.cfg.Mounts.Prune(); err != nil {
+		h.t.Errorf("cleanup: %v", err)
+	}
+	for _, hier := range cgroupMounts(h.t) {
+		dir := filepath.Join(hier, h.cfg.CgroupParent)
+		os.Remove(dir)
+		os.Remove(filepath.Dir(dir)) // /warren-test, if no other test uses it
+	}
+}
+
+func (h *harness) spec(id string) backend.Spec {
+	return backend.Spec{
+		ID:        id,
+		Layers:    []backend.Layer{h.layer},
+		Env:       []string{"WARREN_TEST=1"},
+		Resources: backend.Resources{CPU: 1, Memory: 256 << 20, PIDs: 256},
+	}
+}
+
+// start creates and starts a sandbox.
+func (h *harness) start(spec backend.Spec) {
+	h.t.Helper()
+	ctx := context.Background()
+	if err := h.c.Create(ctx, spec); err != nil {
+		h.t.Fatalf("create: %v", err)
+	}
+	if err := h.c.Start(ctx, spec.ID); err != nil {
+		h.t.Fatalf("start: %v", err)
+	}
+}
+
+type output struct {
+	stdout, stderr string
+	res            backend.ExecResult
+}
+
+// exec runs argv in id and fails the test on an error.
+func (h *harness) exec(id string, req backend.ExecRequest) output {
+	h.t.Helper()
+	var stdout, stderr bytes.Buffer
+	req.Stdout, req.Stderr = &stdout, &stderr
+	if req.Timeout == 0 {
+		req.Timeout = 30 * time.Second
+	}
+	res, err := h.c.Exec(context.Background(), id, req)
+	if err != nil {
+		h.t.Fatalf("exec %q: %v", req.Argv, err)
+	}
+	return output{stdout.String(), stderr.String(), res}
+}
+
+// sh runs a shell command in id and returns its trimmed stdout, failing the
+// test unless it exits 0.
+func (h *harness) sh(id, script string) string {
+	h.t.Helper()
+	out := h.exec(id, backend.ExecRequest{Argv: []string{"sh", "-c", script}})
+	if out.res.ExitCode != 0 {
+		h.t.Fatalf("sh -c %q: exit %d, stderr %q", script, out.res.ExitCode, out.stderr)
+	}
+	return strings.TrimSpace(out.stdout)
+}
+
+// cgroupMounts lists the mountpoints of every cgroup hierarchy.
+func cgroupMounts(t testing.TB) []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var dirs []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		_, post, ok := strings.Cut(line, " - ")
+		if !ok {
+			continue
+		}
+		if typ := strings.Fields(post)[0]; typ == "cgroup" || typ == "cgroup2" {
+			dirs = append(dirs, strings.Fields(line)[4])
+		}
+	}
+	return dirs
+}
+
+// mountsUnder lists mountpoints at or below dir.
+func mountsUnder(t testing.TB, dir string) []string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mps []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 4 && (f[4] == dir || strings.HasPrefix(f[4], dir+"/")) {
+			mps = append(mps, f[4])
+		}
+	}
+	return mps
+}
+
+// assertGone checks that nothing of sandbox id is left on the host.
+func (h *harness) assertGone(id string) {
+	h.t.Helper()
+	if m := mountsUnder(h.t, h.c.dir(id)); len(m) > 0 {
+		h.t.Errorf("mounts left: %v", m)
+	}
+	for _, hier := range cgroupMounts(h.t) {
+		if d := filepath.Join(hier, h.cfg.CgroupParent, id); exists(d) {
+			h.t.Errorf("cgroup left: %s", d)
+		}
+	}
+	if d := filepath.Join(h.c.cfg.RuncRoot, id); exists(d) {
+		h.t.Errorf("runc state left: %s", d)
+	}
+	if d := h.c.dir(id); exists(d) {
+		h.t.Errorf("sandbox directory left: %s", d)
+	}
+}
+
+func (h *harness) layerMounts() []string { return mountsUnder(h.t, h.c.cfg.Mounts.Dir()) }
+
+func (h *harness) wantState(id string, want backend.State) backend.Status {
+	h.t.Helper()
+	st, err := h.c.Inspect(context.Background(), id)
+	if err != nil {
+		h.t.Fatalf("inspect: %v", err)
+	}
+	if st.State != want {
+		h.t.Fatalf("state = %s (%s), want %s", st.State, st.Reason, want)
+	}
+	return st
+}
+
+func TestLifecycle(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	spec := h.spec("life-1")
+	if err := h.c.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	st := h.wantState("life-1", backend.StateCreated)
+	if st.Pid <= 0 || !st.StartedAt.IsZero() {
+		t.Errorf("created status = %+v, want a pid and no start time", st)
+	}
+	if _, err := h.c.Exec(ctx, "life-1", backend.ExecRequest{Argv: []string{"true"}}); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("exec before start: got %v, want ErrConflict", err)
+	}
+	if err := h.c.Create(ctx, spec); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("second create: got %v, want ErrConflict", err)
+	}
+	if err := h.c.Start(ctx, "life-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.c.Start(ctx, "life-1"); !errors.Is(err, errdefs.ErrConflict) {
+		t.Errorf("second start: got %v, want ErrConflict", err)
+	}
+	st = h.wantState("life-1", backend.StateRunning)
+	if time.Since(st.StartedAt) > time.Minute {
+		t.Errorf("StartedAt = %v", st.StartedAt)
+	}
+
+	out := h.exec("life-1", backend.ExecRequest{Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 3"}})
+	if out.stdout != "out\n" || out.stderr != "err\n" || out.res.ExitCode != 3 || out.res.Signal != "" || out.res.TimedOut {
+		t.Errorf("got %+v", out)
+	}
+	if got := h.sh("life-1", "hostname"); got != "life-1" {
+		t.Errorf("hostname = %q, want life-1", got)
+	}
+	if got := h.sh("life-1", "cat /proc/1/cmdline | tr '\\0' ' '"); got != "/dev/init -P" {
+		t.Errorf("pid 1 = %q, want catatonit in pause mode", got)
+	}
+
+	// The init's pid is in Inspect; Wait returns once Stop killed it.
+	waited := make(chan backend.Status, 1)
+	go func() {
+		st, err := h.c.Wait(ctx, "life-1")
+		if err != nil {
+			t.Error(err)
+		}
+		waited <- st
+	}()
+	if err := h.c.Stop(ctx, "life-1", 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case st := <-waited:
+		if st.State != backend.StateStopped {
+			t.Errorf("after stop: %+v", st)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Wait did not return after Stop")
+	}
+	h.wantState("life-1", backend.StateStopped)
+	if err := h.c.Stop(ctx, "life-1", time.Second); err != nil {
+		t.Errorf("stop of a stopped sandbox: %v", err)
+	}
+
+	if err := h.c.Destroy(ctx, "life-1"); err != nil {
+		t.Fatal(err)
+	}
+	h.assertGone("life-1")
+	if err := h.c.Destroy(ctx, "life-1"); err != nil {
+		t.Errorf("second destroy: %v", err)
+	}
+	if err := h.c.Destroy(ctx, "never-was"); err != nil {
+		t.Errorf("destroy of an unknown id: %v", err)
+	}
+	if _, err := h.c.Inspect(ctx, "life-1"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("inspect after destroy: got %v, want ErrNotFound", err)
+	}
+	if m := h.layerMounts(); len(m) != 0 {
+		t.Errorf("layer mounts left: %v", m)
+	}
+}
+
+func TestDestroyRunningLeavesNothing(t *testing.T) {
+	h := newHarness(t)
+	h.start(h.spec("gone-1"))
+	// Leave an exec cgroup behind, as an agent dying mid-exec would, and a
+	// background process.
+	h.sh("gone-1", "sleep 1000 > /dev/null 2>&1 &")
+	if err := h.c.sandboxes["gone-1"].cg.create(execPrefix + "stale"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.c.Destroy(context.Background(), "gone-1"); err != nil {
+		t.Fatal(err)
+	}
+	h.assertGone("gone-1")
+	if m := h.layerMounts(); len(m) != 0 {
+		t.Errorf("layer mounts left: %v", m)
+	}
+}
+
+func TestExecTimeoutKillsTree(t *testing.T) {
+	h := newHarness(t)
+	h.start(h.spec("tmo-1"))
+	start := time.Now()
+	out := h.exec("tmo-1", backend.ExecRequest{
+		Argv:    []string{"sh", "-c", "sleep 100 & sleep 100 & echo started; sleep 100"},
+		Timeout: 500 * time.Millisecond,
+	})
+	if !out.res.TimedOut || out.res.ExitCode != 137 || out.res.Signal != "SIGKILL" {
+		t.Errorf("got %+v, want timed out with SIGKILL", out.res)
+	}
+	if out.stdout != "started\n" {
+		t.Errorf("stdout = %q, want the output before the timeout", out.stdout)
+	}
+	if d := time.Since(start); d > 5*time.Second || out.res.Duration < 500*time.Millisecond {
+		t.Errorf("took %v (Duration %v)", d, out.res.Duration)
+	}
+	// Nothing of that exec is left: only init and the ps itself.
+	if ps := h.sh("tmo-1", "ps -o comm | grep -c sleep || true"); ps != "0" {
+		t.Errorf("%s sleeps left after the timeout", ps)
+	}
+	if subs, _ := h.c.sandboxes["tmo-1"].cg.subs(); len(subs) != 0 {
+		t.Errorf("exec cgroups left: %v", subs)
+	}
+	if got := h.sh("tmo-1", "echo alive"); got != "alive" {
+		t.Errorf("sandbox after timeout: %q", got)
+	}
+}
+
+func TestExecCancel(t *testing.T) {
+	h := newHarness(t)
+	h.start(h.spec("cancel-1"))
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(300*time.Millisecond, cancel)
+	_, err := h.c.Exec(ctx, "cancel-1", backend.ExecRequest{Argv: []string{"sh", "-c", "sleep 100 & sleep 100"}, Timeout: time.Minute})
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("got %v, want context.Canceled", err)
+	}
+	if ps := h.sh("cancel-1", "ps -o comm | grep -c sleep || true"); ps != "0" {
+		t.Errorf("%s sleeps left after cancel", ps)
+	}
+}
+
+func TestExecBackground(t *testing.T) {
+	h := newHarness(t)
+	h.start(h.spec("bg-1"))
+	// The background sleep holds stdout open; Exec returns anyway.
+	start := time.Now()
+	out := h.exec("bg-1", backend.ExecRequest{Argv: []string{"sh", "-c", "sleep 100 & echo $!"}})
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("exec with a background child took %v", d)
+	}
+	if out.res.ExitCode != 0 || strings.TrimSpace(out.stdout) == "" {
+		t.Fatalf("got %+v", out)
+	}
+	// It lives on in the sandbox, outside any exec cgroup.
+	pid := strings.TrimSpace(out.stdout)
+	if got := h.sh("bg-1", "cat /proc/"+pid+"/comm"); got != "sleep" {
+		t.Errorf("background process: %q", got)
+	}
+	if got := h.sh("bg-1", "cat /proc/"+pid+"/cgroup | grep freezer || cat /proc/"+pid+"/cgroup"); strings.Contains(got, execPrefix) {
+		t.Errorf("background process still in an exec cgroup: %s", got)
+	}
+	if subs, _ := h.c.sandboxes["bg-1"].cg.subs(); len(subs) != 0 {
+		t.Errorf("exec cgroups left: %v", subs)
+	}
+}
+
+func TestExecResults(t *testing.T) {
+	h := newHarness(t)
+	spec := h.spec("res-1")
+	spec.Workdir = "/tmp"
+	spec.Env = []string{"A=spec", "B=spec"}
+	h.start(spec)
+
+	out := h.exec("res-1", backend.ExecRequest{Argv: []string{"no-such-command"}})
+	if out.res.ExitCode != 127 || !strings.Contains(out.stderr, "not found") {
+		t.Errorf("missing command: %+v", out)
+	}
+	out = h.exec("res-1", backend.ExecRequest{Argv: []string{"sh", "-c", "kill -9 $$"}})
+	if out.res.ExitCode != 137 || out.res.Signal != "SIGKILL" || out.res.TimedOut {
+		t.Errorf("killed by signal: %+v", out.res)
+	}
+	out = h.exec("res-1", backend.ExecRequest{Argv: []string{"sh", "-c", "exit 255"}})
+	if out.res.ExitCode != 255 {
+		t.Errorf("exit 255: %+v", out.res)
+	}
+	out = h.exec("res-1", backend.ExecRequest{
+		Argv:  []string{"sh", "-c", "pwd; echo $A $B $C; echo $PATH; cat"},
+		Env:   []string{"B=req", "C=req"},
+		Stdin: strings.NewReader("from stdin"),
+	})
+	want := "/tmp\nspec req req\n/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\nfrom stdin"
+	if out.stdout != want {
+		t.Errorf("stdout = %q, want %q", out.stdout, want)
+	}
+	if got := h.sh("res-1", "cd / && exec sh -c pwd"); got != "/" {
+		t.Errorf("pwd = %q", got)
+	}
+	out = h.exec("res-1", backend.ExecRequest{Argv: []string{"pwd"}, Cwd: "/etc"})
+	if out.stdout != "/etc\n" {
+		t.Errorf("cwd: %q", out.stdout)
+	}
+	if _, err := h.c.Exec(context.Background(), "res-1", backend.ExecRequest{Argv: []string{"pwd"}, Cwd: "/nope"}); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("missing cwd: got %v, want ErrInvalid", err)
+	}
+	if _, err := h.c.Exec(context.Background(), "res-1", backend.ExecRequest{}); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("empty argv: got %v, want ErrInvalid", err)
+	}
+	if _, err := h.c.Exec(context.Background(), "nope", backend.ExecRequest{Argv: []string{"true"}}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("unknown sandbox: got %v, want ErrNotFound", err)
+	}
+
+	out = h.exec("res-1", backend.ExecRequest{Argv: []string{"sh", "-c", "id -u; id -g; grep CapEff /proc/self/status"}, User: "nobody"})
+	if f := strings.Fields(out.stdout); len(f) != 4 || f[0] != "65534" || f[1] != "65534" || f[3] != "0000000000000000" {
+		t.Errorf("as nobody: %q %q", out.stdout, out.stderr)
+	}
+	if _, err := h.c.Exec(context.Background(), "res-1", backend.ExecRequest{Argv: []string{"id"}, User: "nosuchuser"}); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("unknown user: got %v, want ErrInvalid", err)
+	}
+}
+
+func TestHardening(t *testing.T) {
+	h := newHarness(t)
+	h.start(h.spec("hard-1"))
+	status := h.sh("hard-1", "grep -E '^(Seccomp|NoNewPrivs|CapEff|CapBnd):' /proc/self/status")
+	// Docker's default set (0xa80425fb) without NET_RAW (bit 13) and
+	// MKNOD (bit 27).
+	const caps = 0xa00405fb
+	for _, want := range []string{"Seccomp:\t2", "NoNewPrivs:\t1"} {
+		if !strings.Contains(status, want) {
+			t.Errorf("status lacks %q:\n%s", want, status)
+		}
+	}
+	for _, line := range strings.Split(status, "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		v = strings.TrimSpace(v)
+		if k == "CapEff" || k == "CapBnd" {
+			if got, _ := strconv.ParseUint(v, 16, 64); got != caps {
+				t.Errorf("%s = %s, want %016x", k, v, caps)
+			}
+		}
+	}
+	if got := h.sh("hard-1", "wc -c < /proc/kcore"); got != "0" {
+		t.Errorf("/proc/kcore readable: %s bytes", got)
+	}
+	if got := h.sh("hard-1", "ls /sys/firmware | wc -l"); got != "0" {
+		t.Errorf("/sys/firmware visible: %s entries", got)
+	}
+	out := h.exec("hard-1", backend.ExecRequest{Argv: []string{"sh", "-c", "echo x > /proc/sys/kernel/domainname"}})
+	if out.res.ExitCode == 0 {
+		t.Error("/proc/sys writable")
+	}
+	out = h.exec("hard-1", backend.ExecRequest{Argv: []string{"mount", "-t", "tmpfs", "x", "/mnt"}})
+	if out.res.ExitCode == 0 {
+		t.Error("mount allowed")
+	}
+	if got := h.sh("hard-1", "ls /sys/class/net"); got != "lo" {
+		t.Errorf("network interfaces: %q, want lo only", got)
+	}
+	if got := h.sh("hard-1", "ps -o pid,comm | wc -l"); got != "3" { // header, init, ps
+		t.Errorf("sandbox sees %s lines of processes", got)
+	}
+	if got := h.sh("hard-1", "ls -l /dev/init | cut -c1-10; touch /dev/init 2>&1 || echo ro"); !strings.HasSuffix(got, "ro") {
+		t.Errorf("init binary writable: %q", got)
+	}
+	// The init binary is not in the overlay's upper dir.
+	if exists(filepath.Join(h.c.dir("hard-1"), "upper", "dev")) {
+		t.Error("/dev created in the upper dir")
+	}
+}
+
+func TestLimits(t *testing.T) {
+	h := newHarness(t)
+	spec := h.spec("lim-1")
+	spec.Resources = backend.Resources{CPU: 0.5, Memory: 64 << 20, PIDs: 32}
+	h.start(spec)
+
+	// tail holds all of a newline-free input in memory.
+	out := h.exec("lim-1", backend.ExecRequest{Argv: []string{"sh", "-c", "head -c 300m /dev/zero | tail -c 1 | wc -c"}})
+	if out.res.ExitCode == 0 && strings.TrimSpace(out.stdout) == "1" {
+		// busybox tail -c may stream; keep the whole input instead.
+		out = h.exec("lim-1", backend.ExecRequest{Argv: []string{"sh", "-c", "head -c 300m /dev/zero | tail"}})
+	}
+	if out.res.ExitCode == 0 {
+		t.Errorf("300 MiB in a 64 MiB sandbox: %+v %q", out.res, out.stderr)
+	}
+	if got := h.sh("lim-1", "echo ok"); got != "ok" {
+		t.Error("sandbox dead after OOM")
+	}
+
+	// Fork bomb: at most 32 processes, and the sandbox survives.
+	out = h.exec("lim-1", backend.ExecRequest{
+		Argv:    []string{"sh", "-c", "for i in $(seq 100); do sleep 30 & done 2>/dev/null; echo forked"},
+		Timeout: 5 * time.Second,
+	})
+	if got := h.sh("lim-1", "ps -o comm | grep -c sleep || true"); got == "" || mustAtoi(t, got) > 32 {
+		t.Errorf("%s sleeps running with a limit of 32", got)
+	}
+	h.sh("lim-1", "killall sleep || true")
+
+	for _, f := range []string{"/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu.max"} {
+		if got := h.exec("lim-1", backend.ExecRequest{Argv: []string{"cat", f}}); got.res.ExitCode == 0 {
+			if q := strings.Fields(got.stdout)[0]; q != "50000" {
+				t.Errorf("%s = %q, want 50000", f, got.stdout)
+			}
+		}
+	}
+}
+
+func mustAtoi(t *testing.T, s string) int {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		t.Fatalf("%q: %v", s, err)
+	}
+	return n
+}
+
+func TestSharedLayer(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	h.start(h.spec("share-1"))
+	h.start(h.spec("share-2"))
+	if m := h.layerMounts(); len(m) != 1 {
+		t.Fatalf("layer mounts = %v, want one shared", m)
+	}
+	if n := h.c.cfg.Mounts.Refs(h.layer.Digest); n != 2 {
+		t.Errorf("refs = %d, want 2", n)
+	}
+	// Writes stay in each sandbox's upper dir.
+	h.sh("share-1", "echo one > /etc/motd")
+	if out := h.exec("share-2", backend.ExecRequest{Argv: []string{"cat", "/etc/motd"}}); out.res.ExitCode == 0 {
+		t.Error("share-2 sees share-1's write")
+	}
+	if err := h.c.Destroy(ctx, "share-1"); err != nil {
+		t.Fatal(err)
+	}
+	if m := h.layerMounts(); len(m) != 1 {
+		t.Fatalf("layer mounts after one destroy = %v", m)
+	}
+	if got := h.sh("share-2", "echo still"); got != "still" {
+		t.Error("share-2 broken")
+	}
+	if err := h.c.Destroy(ctx, "share-2"); err != nil {
+		t.Fatal(err)
+	}
+	if m := h.layerMounts(); len(m) != 0 {
+		t.Errorf("layer mounts after both destroys = %v", m)
+	}
+}
+
+func TestRecover(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	spec := h.spec("rec-1")
+	h.start(spec)
+	h.sh("rec-1", "echo kept > /tmp/state")
+	created := h.spec("rec-2")
+	if err := h.c.Create(ctx, created); err != nil {
+		t.Fatal(err)
+	}
+	h.start(h.spec("rec-3"))
+	before := h.wantState("rec-1", backend.StateRunning)
+
+	// A new agent process over the same directories.
+	h.c = h.newContainer()
+	if _, err := h.c.Inspect(ctx, "rec-1"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("inspect before recover: %v", err)
+	}
+	st, err := h.c.Recover(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State != backend.StateRunning || st.Pid != before.Pid || !st.StartedAt.Equal(before.StartedAt) || st.Reason != "" {
+		t.Errorf("recovered %+v, want %+v", st, before)
+	}
+	if got := h.sh("rec-1", "cat /tmp/state"); got != "kept" {
+		t.Errorf("state after recover: %q", got)
+	}
+	if st, err := h.c.Recover(ctx, created); err != nil || st.State != backend.StateCreated {
+		t.Errorf("recover created: %+v, %v", st, err)
+	}
+	if err := h.c.Start(ctx, "rec-2"); err != nil {
+		t.Errorf("start after recover: %v", err)
+	}
+	if n := h.c.cfg.Mounts.Refs(h.layer.Digest); n != 2 {
+		t.Errorf("refs after recovering 2 sandboxes = %d", n)
+	}
+	// rec-3 is never recovered: Prune must leave its layer (shared with
+	// the others) alone, and destroying it must work.
+	if err := h.c.cfg.Mounts.Prune(); err != nil {
+		t.Fatal(err)
+	}
+	if m := h.layerMounts(); len(m) != 1 {
+		t.Errorf("layer mounts after prune: %v", m)
+	}
+	if err := h.c.Destroy(ctx, "rec-3"); err != nil {
+		t.Fatal(err)
+	}
+	h.assertGone("rec-3")
+
+	// A recovered sandbox can be waited on and stopped.
+	waited := make(chan error, 1)
+	go func() {
+		_, err := h.c.Wait(ctx, "rec-1")
+		waited <- err
+	}()
+	if err := h.c.Stop(ctx, "rec-1", 0); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-waited:
+		if err != nil {
+			t.Error(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Wait on a recovered sandbox did not return")
+	}
+	// A dead sandbox recovers as stopped.
+	h.c = h.newContainer()
+	if st, err := h.c.Recover(ctx, spec); err != nil || st.State != backend.StateStopped {
+		t.Errorf("recover of a dead sandbox: %+v, %v", st, err)
+	}
+	if _, err := h.c.Recover(ctx, h.spec("rec-none")); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("recover of an unknown sandbox: got %v, want ErrNotFound", err)
+	}
+	for _, id := range []string{"rec-1", "rec-2"} {
+		if err := h.c.Destroy(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		h.assertGone(id)
+	}
+	if m := h.layerMounts(); len(m) != 1 {
+		// rec-2 was not recovered by this last Container: its layer
+		// reference is gone with the old one, and Prune takes the mount.
+		if err := h.c.cfg.Mounts.Prune(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := h.c.cfg.Mounts.Prune(); err != nil {
+		t.Fatal(err)
+	}
+	if m := h.layerMounts(); len(m) != 0 {
+		t.Errorf("layer mounts left: %v", m)
+	}
+}
+
+// TestSurvivesAgentKill creates a sandbox from a child process, kills the
+// child with SIGKILL, and recovers the sandbox here.
+func TestSurvivesAgentKill(t *testing.T) {
+	if os.Getenv("WARREN_TEST_AGENT_CHILD") != "" {
+		agentChild()
+		return
+	}
+	h := newHarness(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestSurvivesAgentKill$")
+	cmd.Env = append(os.Environ(), "WARREN_TEST_AGENT_CHILD=1",
+		"CHILD_STATE="+h.cfg.StateDir, "CHILD_CGROUP="+h.cfg.CgroupParent,
+		"CHILD_LAYER="+h.layer.Digest+"="+h.layer.Path)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || line != "ready\n" {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("child said %q, %v", line, err)
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
+
+	h.c = h.newContainer()
+	st, err := h.c.Recover(context.Background(), h.spec("orphan-1"))
+	if err != nil || st.State != backend.StateRunning {
+		t.Fatalf("after the agent's death: %+v, %v", st, err)
+	}
+	if got := h.sh("orphan-1", "echo survived"); got != "survived" {
+		t.Errorf("exec: %q", got)
+	}
+}
+
+func agentChild() {
+	digest, path, _ := strings.Cut(os.Getenv("CHILD_LAYER"), "=")
+	c, err := New(Config{StateDir: os.Getenv("CHILD_STATE"), CgroupParent: os.Getenv("CHILD_CGROUP")})
+	if err == nil {
+		ctx := context.Background()
+		spec := backend.Spec{ID: "orphan-1", Layers: []backend.Layer{{Digest: digest, Path: path}}}
+		if err = c.Create(ctx, spec); err == nil {
+			err = c.Start(ctx, spec.ID)
+		}
+	}
+	if err != nil {
+		fmt.Println(err)
+		os.Exit(1)
+	}
+	fmt.Println("ready")
+	time.Sleep(time.Hour)
+}
+
+func TestCreateFailureUndoes(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+
+	// A missing second layer: the first was mounted and must be released.
+	spec := h.spec("fail-1")
+	spec.Layers = append(spec.Layers, backend.Layer{Digest: "sha256:" + strings.Repeat("ab", 32), Path: "/nonexistent.erofs"})
+	if err := h.c.Create(ctx, spec); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("missing layer: got %v, want ErrNotFound", err)
+	}
+	h.assertGone("fail-1")
+	if m := h.layerMounts(); len(m) != 0 {
+		t.Errorf("layer mounts left: %v", m)
+	}
+
+	// runc fails late (the init binary to bind-mount is missing).
+	cfg := h.cfg
+	cfg.InitPath = "/nonexistent/catatonit"
+	c, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Create(ctx, h.spec("fail-2")); err == nil {
+		t.Fatal("create with a missing init succeeded")
+	} else if !strings.Contains(err.Error(), "catatonit") {
+		t.Errorf("error does not say what failed: %v", err)
+	}
+	h.assertGone("fail-2")
+	if m := h.layerMounts(); len(m) != 0 {
+		t.Errorf("layer mounts left: %v", m)
+	}
+
+	for _, bad := range []backend.Spec{
+		{ID: "", Layers: spec.Layers},
+		{ID: "../x", Layers: spec.Layers},
+		{ID: "nolayers"},
+		{ID: "neg", Layers: spec.Layers, Resources: backend.Resources{Memory: -1}},
+	} {
+		if err := h.c.Create(ctx, bad); !errors.Is(err, errdefs.ErrInvalid) {
+			t.Errorf("create %+v: got %v, want ErrInvalid", bad, err)
+		}
+	}
+}
+
+func TestConcurrentCreates(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	const n = 8
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 4)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			id := fmt.Sprintf("par-%d", i)
+			if err := h.c.Create(ctx, h.spec(id)); err != nil {
+				t.Error(err)
+				return
+			}
+			if err := h.c.Start(ctx, id); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	for i := 0; i < n; i++ {
+		id := fmt.Sprintf("par-%d", i)
+		if got := h.sh(id, "hostname"); got != id {
+			t.Errorf("hostname %q in %s", got, id)
+		}
+	}
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := h.c.Destroy(ctx, fmt.Sprintf("par-%d", i)); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	for i := 0; i < n; i++ {
+		h.assertGone(fmt.Sprintf("par-%d", i))
+	}
+	if m := h.layerMounts(); len(m) != 0 {
+		t.Errorf("layer mounts left: %v", m)
+	}
+}
+
+func TestAvailable(t *testing.T) {
+	testutil.RequireContainers(t)
+	c, err := New(Config{StateDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Available(context.Background()); err != nil {
+		t.Errorf("available: %v", err)
+	}
+	c, err = New(Config{StateDir: t.TempDir(), RuncPath: "/nonexistent/runc"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Available(context.Background()); !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "runc") {
+		t.Errorf("without runc: got %v, want ErrUnavailable naming runc", err)
+	}
+	if _, err := New(Config{StateDir: "relative"}); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("relative StateDir: %v", err)
+	}
+}

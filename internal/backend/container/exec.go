@@ -1,0 +1,201 @@
+package container
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/internal/backend"
+	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/rootfs"
+)
+
+// Exec runs req in the sandbox with `runc exec`, in a fresh child cgroup
+// of the sandbox's cgroup.
+//
+// The exec is over when its main process exits, as with `docker exec`.
+// Processes it left in the background are moved into the sandbox's own
+// cgroup and keep running (an agent may start a server in one exec and
+// query it in the next); output they write to the exec's stdout or stderr
+// is read for up to Config.ExecOutputGrace after the main process exited,
+// then their pipes are closed. On timeout, or when ctx ends, every process
+// in the exec's cgroup is killed, background ones included, and the
+// sandbox keeps running.
+//
+// A command that cannot be started is reported as a shell would: exit code
+// 127 if it was not found, 126 otherwise, with runc's message on stderr. A
+// missing working directory is ErrInvalid.
+// Exit codes above 128 are reported as signals (runc exec, like a shell,
+// returns 128+n for a process killed by signal n). ErrNotFound for an
+// unknown sandbox, ErrConflict if it is not running, ErrInvalid for an
+// empty argv or an unknown user.
+func (c *Container) Exec(ctx context.Context, id string, req backend.ExecRequest) (backend.ExecResult, error) {
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		return backend.ExecResult{}, errdefs.Invalid("exec in %s: empty argv", id)
+	}
+	if req.Cwd != "" && !strings.HasPrefix(req.Cwd, "/") {
+		return backend.ExecResult{}, errdefs.Invalid("exec in %s: cwd %q is not absolute", id, req.Cwd)
+	}
+	s, err := c.get(id)
+	if err != nil {
+		return backend.ExecResult{}, err
+	}
+	if !s.init.alive() || c.created(id) {
+		return backend.ExecResult{}, errdefs.New(errdefs.ErrConflict, "sandbox_not_running", "exec in %s: sandbox is not running", id)
+	}
+	var uid, gid uint32 // "" is root: no need to read /etc/passwd
+	if req.User != "" {
+		if uid, gid, err = rootfs.LookupUser(c.rootDir(id), req.User); err != nil {
+			// Unknown users are the caller's mistake, whatever kind
+			// of error the lookup reported.
+			return backend.ExecResult{}, errdefs.Invalid("exec in %s: user %q: %v", id, req.User, err)
+		}
+	}
+
+	name := execPrefix + randomHex(8)
+	dir := c.dir(id)
+	procPath := filepath.Join(dir, name+".json")
+	logPath := filepath.Join(dir, name+".log")
+	b, err := json.Marshal(c.execProcess(s.spec, req, uid, gid))
+	if err != nil {
+		return backend.ExecResult{}, fmt.Errorf("exec in %s: %w", id, err)
+	}
+	if err := os.WriteFile(procPath, b, 0o600); err != nil {
+		return backend.ExecResult{}, fmt.Errorf("exec in %s: %w", id, err)
+	}
+	defer os.Remove(procPath)
+	defer os.Remove(logPath)
+	if err := s.cg.create(name); err != nil {
+		return backend.ExecResult{}, fmt.Errorf("exec in %s: %w", id, err)
+	}
+
+	cmd := exec.Command(c.cfg.RuncPath, "--root", c.cfg.RuncRoot,
+		"--log", logPath, "--log-format", "json",
+		"exec", "--process", procPath, "--cgroup", s.cg.runcArg(name), id)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = req.Stdin, req.Stdout, req.Stderr
+	// runc passes its stdio on to the command: pipes, when the caller's
+	// reader and writers are not files. Background processes may keep
+	// them open; stop waiting for them shortly after the command exits.
+	cmd.WaitDelay = c.cfg.ExecOutputGrace
+
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		s.cg.remove(name)
+		return backend.ExecResult{}, fmt.Errorf("exec in %s: %w", id, err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+
+	var timeout <-chan time.Time
+	if req.Timeout > 0 {
+		t := time.NewTimer(req.Timeout)
+		defer t.Stop()
+		timeout = t.C
+	}
+	var res backend.ExecResult
+	var waitErr, cleanupErr error
+	// Cleanup must finish even when ctx has ended: it is what kills.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer cancel()
+	select {
+	case waitErr = <-done:
+		res.Duration = time.Since(start)
+		cleanupErr = s.cg.evacuate(cctx, name)
+	case <-timeout:
+		res.TimedOut = true
+		waitErr, cleanupErr = c.killExec(cctx, s, name, cmd, done)
+		res.Duration = time.Since(start)
+	case <-ctx.Done():
+		waitErr, cleanupErr = c.killExec(cctx, s, name, cmd, done)
+		res.Duration = time.Since(start)
+	}
+	if err := s.cg.remove(name); err != nil {
+		cleanupErr = errors.Join(cleanupErr, err)
+	}
+	if cleanupErr != nil {
+		return res, fmt.Errorf("exec in %s: %w", id, cleanupErr)
+	}
+	if ctx.Err() != nil && !res.TimedOut {
+		return res, ctx.Err()
+	}
+
+	var exitErr *exec.ExitError
+	if waitErr != nil && !errors.As(waitErr, &exitErr) && !errors.Is(waitErr, exec.ErrWaitDelay) {
+		return res, fmt.Errorf("exec in %s: %w", id, waitErr)
+	}
+	if res.TimedOut {
+		// Whatever runc said, the command was killed by us.
+		res.ExitCode, res.Signal = 128+int(unix.SIGKILL), "SIGKILL"
+		return res, nil
+	}
+	res.ExitCode = cmd.ProcessState.ExitCode()
+	if res.ExitCode == 255 {
+		// runc's own failures exit 255 too; they leave an error in the log.
+		if msg := lastRuncError(logPath); msg != "" {
+			err := c.execFailure(id, msg, &res)
+			return res, err
+		}
+	}
+	if res.ExitCode > 128 && res.ExitCode <= 128+64 {
+		res.Signal = unix.SignalName(unix.Signal(res.ExitCode - 128))
+	}
+	return res, nil
+}
+
+// killExec kills everything in the exec's cgroup until runc exec has
+// returned (the command may still be joining the cgroup when the timeout
+// fires), then once more for anything left.
+func (c *Container) killExec(ctx context.Context, s *sandbox, name string, cmd *exec.Cmd, done <-chan error) (waitErr, err error) {
+	for waited := false; !waited; {
+		if err := s.cg.kill(ctx, name); err != nil {
+			return nil, err
+		}
+		select {
+		case waitErr = <-done:
+			waited = true
+		case <-time.After(10 * time.Millisecond):
+		case <-ctx.Done():
+			// runc exec is stuck: kill it too, and its process with it.
+			cmd.Process.Kill()
+			return <-done, ctx.Err()
+		}
+	}
+	return waitErr, s.cg.kill(ctx, name)
+}
+
+// execFailure turns an error runc logged for an exec into a result or an
+// error. A process that could not start is a result (127 or 126, as a
+// shell would say, with runc's message already on the caller's stderr);
+// anything else is an infrastructure error.
+func (c *Container) execFailure(id, msg string, res *backend.ExecResult) error {
+	if strings.Contains(msg, "chdir to cwd") {
+		return errdefs.Invalid("exec in %s: working directory: %s", id, msg)
+	}
+	if strings.Contains(msg, "unable to start container process") {
+		res.ExitCode = 126
+		if strings.Contains(msg, "executable file not found") || strings.Contains(msg, "no such file or directory") {
+			res.ExitCode = 127
+		}
+		return nil
+	}
+	if strings.Contains(msg, "cannot exec in a stopped") || strings.Contains(msg, "not running") {
+		return errdefs.New(errdefs.ErrConflict, "sandbox_not_running", "exec in %s: %s", id, msg)
+	}
+	return fmt.Errorf("exec in %s: runc: %s", id, msg)
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}

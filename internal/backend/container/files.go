@@ -1,0 +1,54 @@
+package container
+
+import (
+	"context"
+	"io"
+
+	"github.com/warrenhq/warren/internal/backend"
+	"github.com/warrenhq/warren/internal/rootfs"
+)
+
+// The file calls work on the sandbox's merged root as the host sees it,
+// through package rootfs, which resolves every path inside it. They see
+// what the sandbox wrote to its root filesystem, not to the tmpfs mounts
+// that exist only in its mount namespace (/dev, /dev/shm).
+
+// Stat describes path inside the sandbox.
+func (c *Container) Stat(ctx context.Context, id, path string) (backend.FileInfo, error) {
+	if _, err := c.get(id); err != nil {
+		return backend.FileInfo{}, err
+	}
+	return rootfs.Stat(c.rootDir(id), path)
+}
+
+// WriteFile creates or replaces a regular file inside the sandbox.
+func (c *Container) WriteFile(ctx context.Context, id, path string, mode uint32, r io.Reader) error {
+	if _, err := c.get(id); err != nil {
+		return err
+	}
+	return rootfs.WriteFile(c.rootDir(id), path, mode, r)
+}
+
+// ReadFile streams a regular file of the sandbox to w.
+func (c *Container) ReadFile(ctx context.Context, id, path string, w io.Writer) error {
+	if _, err := c.get(id); err != nil {
+		return err
+	}
+	return rootfs.ReadFile(c.rootDir(id), path, w)
+}
+
+// WriteTar extracts a tar stream under dir inside the sandbox.
+func (c *Container) WriteTar(ctx context.Context, id, dir string, r io.Reader) error {
+	if _, err := c.get(id); err != nil {
+		return err
+	}
+	return rootfs.WriteTar(c.rootDir(id), dir, r)
+}
+
+// ReadTar writes path inside the sandbox to w as a tar stream.
+func (c *Container) ReadTar(ctx context.Context, id, path string, w io.Writer) error {
+	if _, err := c.get(id); err != nil {
+		return err
+	}
+	return rootfs.ReadTar(c.rootDir(id), path, w)
+}

@@ -1,0 +1,453 @@
+package container
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/internal/backend"
+	"github.com/warrenhq/warren/internal/errdefs"
+)
+
+// Create mounts the sandbox's root (an overlay of its layers with a fresh
+// upper dir), writes its OCI bundle and runs `runc create`: namespaces,
+// cgroups and limits are set up, and the init waits for Start. On error
+// everything is undone. ErrInvalid for a bad spec, ErrConflict if the id is
+// taken (also by a sandbox of an earlier process that was not recovered
+// or destroyed).
+func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
+	if err := validateSpec(spec); err != nil {
+		return err
+	}
+	id := spec.ID
+	s := &sandbox{spec: spec}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c.mu.Lock()
+	if c.sandboxes[id] != nil {
+		c.mu.Unlock()
+		return errdefs.New(errdefs.ErrConflict, "sandbox_exists", "sandbox %s already exists", id)
+	}
+	c.sandboxes[id] = s
+	c.mu.Unlock()
+
+	// Undo in reverse order on failure.
+	var undo []func() error
+	defer func() {
+		if err == nil {
+			return
+		}
+		for i := len(undo) - 1; i >= 0; i-- {
+			if uerr := undo[i](); uerr != nil {
+				err = fmt.Errorf("%w (cleanup: %v)", err, uerr)
+			}
+		}
+		c.mu.Lock()
+		delete(c.sandboxes, id)
+		c.mu.Unlock()
+	}()
+
+	dir := c.dir(id)
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return errdefs.New(errdefs.ErrConflict, "sandbox_exists", "sandbox %s already exists on disk", id)
+		}
+		return fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	undo = append(undo, func() error { return os.RemoveAll(dir) })
+	upper, work, root := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "rootfs")
+	for _, d := range []string{upper, work, root} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return fmt.Errorf("create sandbox %s: %w", id, err)
+		}
+	}
+
+	undo = append(undo, func() error { return c.releaseLayers(s) })
+	lower := make([]string, len(spec.Layers))
+	for i, l := range spec.Layers {
+		mp, err := c.cfg.Mounts.Acquire(ctx, l)
+		if err != nil {
+			return fmt.Errorf("create sandbox %s: %w", id, err)
+		}
+		s.layers = append(s.layers, l.Digest)
+		lower[len(lower)-1-i] = mp // overlayfs wants the top layer first
+	}
+
+	if err := mountOverlay(lower, upper, work, root); err != nil {
+		return fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	undo = append(undo, func() error { return unmountAll(root) })
+
+	oci, err := c.ociSpec(spec, root)
+	if err != nil {
+		return fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	b, err := json.Marshal(oci)
+	if err != nil {
+		return fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	// No fsync: after a host crash the sandbox is gone anyway.
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600); err != nil {
+		return fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+
+	// Undo covers a half-done runc create too: runc may leave state or
+	// cgroups behind when it fails late.
+	undo = append(undo, func() error { return c.deleteRuntime(context.WithoutCancel(ctx), id, nil) })
+	if err := c.runcCreate(ctx, id, dir); err != nil {
+		return fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	st, err := c.readRuncState(id)
+	if err != nil {
+		return fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	cg, err := execCgroupOf(st.CgroupPaths)
+	if err != nil {
+		return fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	c.mu.Lock()
+	s.init = initProc{pid: st.InitPid, start: st.InitStart}
+	s.cg = cg
+	s.ready = true
+	c.mu.Unlock()
+	return nil
+}
+
+func validateSpec(spec backend.Spec) error {
+	if err := validID(spec.ID); err != nil {
+		return err
+	}
+	if len(spec.Layers) == 0 {
+		return errdefs.Invalid("sandbox %s: no layers", spec.ID)
+	}
+	r := spec.Resources
+	if r.CPU < 0 || r.Memory < 0 || r.PIDs < 0 {
+		return errdefs.Invalid("sandbox %s: negative resources %+v", spec.ID, r)
+	}
+	if r.CPU > 0 && r.CPU*cfsPeriod < 1000 {
+		return errdefs.Invalid("sandbox %s: cpu %g is below the minimum of 0.01", spec.ID, r.CPU)
+	}
+	if r.Memory > 0 && r.Memory < 4<<20 {
+		return errdefs.Invalid("sandbox %s: memory %d is below the minimum of 4 MiB", spec.ID, r.Memory)
+	}
+	if spec.Workdir != "" && !strings.HasPrefix(spec.Workdir, "/") {
+		return errdefs.Invalid("sandbox %s: workdir %q is not absolute", spec.ID, spec.Workdir)
+	}
+	return nil
+}
+
+// mountOverlay mounts the sandbox root. "volatile" skips the syncs
+// overlayfs would otherwise do on every fsync and at unmount: the upper dir
+// is scratch space that does not survive a host crash anyway.
+func mountOverlay(lower []string, upper, work, target string) error {
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,volatile", strings.Join(lower, ":"), upper, work)
+	if len(opts) >= os.Getpagesize() {
+		return errdefs.Invalid("overlay options for %d layers exceed a page", len(lower))
+	}
+	err := unix.Mount("overlay", target, "overlay", 0, opts)
+	if errors.Is(err, unix.EINVAL) {
+		// Kernels before 5.10 lack "volatile".
+		err = unix.Mount("overlay", target, "overlay", 0, strings.TrimSuffix(opts, ",volatile"))
+	}
+	if err != nil {
+		return fmt.Errorf("mount overlay: %w", err)
+	}
+	return nil
+}
+
+// unmountAll unmounts everything mounted on dir. A dir that is not a mount
+// is fine.
+func unmountAll(dir string) error {
+	for {
+		err := unix.Unmount(dir, 0)
+		if errors.Is(err, unix.EBUSY) {
+			err = unix.Unmount(dir, unix.MNT_DETACH)
+		}
+		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOENT) {
+			return nil // not (or no longer) a mountpoint
+		}
+		if err != nil {
+			return fmt.Errorf("unmount %s: %w", dir, err)
+		}
+	}
+}
+
+// Start starts a created sandbox's init. ErrConflict if it is not in the
+// created state.
+func (c *Container) Start(ctx context.Context, id string) error {
+	s, err := c.get(id)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !c.created(id) || !s.init.alive() {
+		return errdefs.New(errdefs.ErrConflict, "sandbox_not_created", "sandbox %s is not in the created state", id)
+	}
+	if err := c.runc(ctx, "start", id); err != nil {
+		return fmt.Errorf("start sandbox %s: %w", id, err)
+	}
+	// The marker's mtime is the start time, for Inspect after a restart.
+	f, err := os.Create(filepath.Join(c.dir(id), "started"))
+	if err != nil {
+		return fmt.Errorf("start sandbox %s: %w", id, err)
+	}
+	return f.Close()
+}
+
+// Wait blocks until the sandbox's init exits or ctx ends.
+func (c *Container) Wait(ctx context.Context, id string) (backend.Status, error) {
+	s, err := c.get(id)
+	if err != nil {
+		return backend.Status{}, err
+	}
+	if err := s.init.wait(ctx); err != nil {
+		return backend.Status{}, err
+	}
+	return c.status(s), nil
+}
+
+// Stop sends the sandbox's init SIGTERM, then SIGKILL if it is still
+// running after grace (which kills every process in the sandbox's pid
+// namespace). Stopping a stopped sandbox is a no-op.
+func (c *Container) Stop(ctx context.Context, id string, grace time.Duration) error {
+	s, err := c.get(id)
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.init.alive() {
+		return nil
+	}
+	if grace > 0 {
+		s.stopSignal.Store(int32(unix.SIGTERM))
+		if err := s.init.signal(unix.SIGTERM); err != nil {
+			return fmt.Errorf("stop sandbox %s: %w", id, err)
+		}
+		wctx, cancel := context.WithTimeout(ctx, grace)
+		err := s.init.wait(wctx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	s.stopSignal.Store(int32(unix.SIGKILL))
+	if err := s.init.signal(unix.SIGKILL); err != nil {
+		return fmt.Errorf("stop sandbox %s: %w", id, err)
+	}
+	return s.init.wait(ctx)
+}
+
+// Destroy kills the sandbox and removes everything it holds: processes,
+// exec cgroups, runc's state and cgroups, the overlay mount, its layer
+// references and its directory. It works on sandboxes of an earlier
+// process that were never recovered, and an unknown id is not an error.
+func (c *Container) Destroy(ctx context.Context, id string) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	s := c.sandboxes[id]
+	c.mu.Unlock()
+	if s != nil {
+		s.mu.Lock() // waits for a Create in progress to finish or undo
+		defer s.mu.Unlock()
+	}
+
+	var errs []error
+	if err := c.deleteRuntime(ctx, id, s); err != nil {
+		errs = append(errs, err)
+	}
+	root := c.rootDir(id)
+	if err := unmountAll(root); err != nil {
+		errs = append(errs, err)
+	}
+	if s != nil {
+		if err := c.releaseLayers(s); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// Never recurse into a root that is still mounted: it would delete
+	// through the overlay.
+	if isMount, err := isMountpoint(root); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	} else if isMount {
+		errs = append(errs, fmt.Errorf("%s is still mounted", root))
+	} else if err := os.RemoveAll(c.dir(id)); err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("destroy sandbox %s: %w", id, errors.Join(errs...))
+	}
+	if s != nil {
+		c.mu.Lock()
+		if c.sandboxes[id] == s {
+			delete(c.sandboxes, id)
+		}
+		c.mu.Unlock()
+	}
+	return nil
+}
+
+// deleteRuntime kills the container if it runs and removes its runc state
+// and cgroups (exec sub-cgroups first: cgroup v1 cannot remove a cgroup
+// with children). s may be nil for a sandbox this process does not know.
+func (c *Container) deleteRuntime(ctx context.Context, id string, s *sandbox) error {
+	st, err := c.readRuncState(id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil // never created, or already deleted
+	}
+	if err != nil {
+		return err
+	}
+	init := initProc{pid: st.InitPid, start: st.InitStart}
+	if s != nil {
+		s.stopSignal.Store(int32(unix.SIGKILL))
+	}
+	// Killing pid 1 of a pid namespace kills every process in it.
+	if err := init.signal(unix.SIGKILL); err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := init.wait(wctx); err != nil {
+		return fmt.Errorf("wait for init of %s to die: %w", id, err)
+	}
+	var errs []error
+	if cg, err := execCgroupOf(st.CgroupPaths); err == nil {
+		if err := cg.cleanup(wctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := c.runc(ctx, "delete", "--force", id); err != nil && exists(filepath.Join(c.cfg.RuncRoot, id)) {
+		errs = append(errs, err)
+	}
+	// runc 1.1 skips hierarchies it does not manage (such as a v1 named
+	// hierarchy it joined); remove whatever is left.
+	if err := removeCgroups(st.CgroupPaths); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Inspect reports the sandbox's status from runc's state and /proc.
+func (c *Container) Inspect(ctx context.Context, id string) (backend.Status, error) {
+	s, err := c.get(id)
+	if err != nil {
+		return backend.Status{}, err
+	}
+	return c.status(s), nil
+}
+
+// status derives a sandbox's state as runc does: the init is alive (same
+// pid and start time) and the exec fifo exists (created) or not
+// (running); otherwise it has stopped.
+func (c *Container) status(s *sandbox) backend.Status {
+	id := s.spec.ID
+	st := backend.Status{Pid: s.init.pid}
+	if fi, err := os.Stat(filepath.Join(c.dir(id), "started")); err == nil {
+		st.StartedAt = fi.ModTime()
+	}
+	switch {
+	case s.init.pid == 0:
+		st.State, st.Reason = backend.StateStopped, "no runtime state"
+	case !s.init.alive():
+		st.State, st.Pid = backend.StateStopped, 0
+		st.ExitCode, st.Reason = -1, "init exited; its exit status is unknown"
+		if sig := unix.Signal(s.stopSignal.Load()); sig != 0 {
+			st.ExitCode, st.Reason = 128+int(sig), "stopped by "+unix.SignalName(sig)
+		}
+	case c.created(id):
+		st.State = backend.StateCreated
+	default:
+		st.State = backend.StateRunning
+	}
+	return st
+}
+
+// Recover re-adopts a sandbox this backend created in an earlier process:
+// it takes references on its layers again (adopting their mounts) and
+// reads runc's state. A sandbox whose init died meanwhile is reported
+// stopped; one without a directory is ErrNotFound. Recovering a known
+// sandbox just reports its status.
+func (c *Container) Recover(ctx context.Context, spec backend.Spec) (backend.Status, error) {
+	if err := validID(spec.ID); err != nil {
+		return backend.Status{}, err
+	}
+	id := spec.ID
+	if s, err := c.get(id); err == nil {
+		return c.status(s), nil
+	}
+	if !exists(c.dir(id)) {
+		return backend.Status{}, errdefs.New(errdefs.ErrNotFound, "sandbox_not_found", "sandbox %s has no state on this node", id)
+	}
+	s := &sandbox{spec: spec}
+	s.mu.Lock()
+	c.mu.Lock()
+	if c.sandboxes[id] != nil {
+		c.mu.Unlock()
+		s.mu.Unlock()
+		return backend.Status{}, errdefs.New(errdefs.ErrConflict, "sandbox_busy", "sandbox %s is being created or recovered", id)
+	}
+	c.sandboxes[id] = s
+	c.mu.Unlock()
+
+	var reasons []string
+	for _, l := range spec.Layers {
+		if _, err := c.cfg.Mounts.Acquire(ctx, l); err != nil {
+			// The overlay keeps its own reference to the layers; the
+			// sandbox runs on. Report it and keep going.
+			reasons = append(reasons, err.Error())
+			continue
+		}
+		s.layers = append(s.layers, l.Digest)
+	}
+	if ok, _ := isMountpoint(c.rootDir(id)); !ok {
+		reasons = append(reasons, "root filesystem is not mounted on the host")
+	}
+	if st, err := c.readRuncState(id); err == nil {
+		s.init = initProc{pid: st.InitPid, start: st.InitStart}
+		if cg, err := execCgroupOf(st.CgroupPaths); err == nil {
+			s.cg = cg
+		} else {
+			reasons = append(reasons, err.Error())
+		}
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		reasons = append(reasons, err.Error())
+	}
+	c.mu.Lock()
+	s.ready = true
+	c.mu.Unlock()
+	s.mu.Unlock()
+
+	status := c.status(s)
+	if len(reasons) > 0 {
+		status.Reason = strings.Join(append([]string{status.Reason}, reasons...), "; ")
+		status.Reason = strings.TrimPrefix(status.Reason, "; ")
+	}
+	return status, nil
+}
+
+// isMountpoint reports whether dir is the root of a mount: its device
+// differs from its parent's.
+func isMountpoint(dir string) (bool, error) {
+	var st, pst unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return false, &os.PathError{Op: "stat", Path: dir, Err: err}
+	}
+	if err := unix.Lstat(filepath.Dir(dir), &pst); err != nil {
+		return false, &os.PathError{Op: "stat", Path: filepath.Dir(dir), Err: err}
+	}
+	return st.Dev != pst.Dev, nil
+}

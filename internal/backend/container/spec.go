@@ -1,0 +1,175 @@
+package container
+
+import (
+	"fmt"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/internal/backend"
+	"github.com/warrenhq/warren/internal/guard"
+)
+
+const (
+	// initPath is where catatonit appears inside every sandbox. runc
+	// creates the bind mount's target file in the /dev tmpfs it has just
+	// mounted, so the sandbox's overlay upper dir stays untouched.
+	initPath = "/dev/init"
+
+	defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+	cfsPeriod = 100_000 // µs, the kernel's default CFS period
+
+	// maxHostname is HOST_NAME_MAX: sethostname rejects longer names.
+	maxHostname = 64
+)
+
+// wantNofile is the open files limit of the init and every exec: what
+// build tools and test runners expect; the usual default of 1024 is not.
+const wantNofile = 65536
+
+// sandboxRlimits returns the rlimits for sandboxes: wantNofile open files,
+// or the agent's own hard limit if it is lower and the agent cannot raise
+// it (no CAP_SYS_RESOURCE, as in some containers and VMs): runc would fail
+// every create otherwise.
+func sandboxRlimits() []specs.POSIXRlimit {
+	n := uint64(wantNofile)
+	var rl unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) == nil && rl.Max < n && !hasCap(unix.CAP_SYS_RESOURCE) {
+		n = rl.Max
+	}
+	return []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: n, Soft: n}}
+}
+
+// hasCap reports whether the calling process has capability c in its
+// effective set.
+func hasCap(c int) bool {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return false
+	}
+	return data[c/32].Effective&(1<<(uint(c)%32)) != 0
+}
+
+// ociSpec is the runtime configuration of a sandbox whose merged root is
+// mounted at rootfs.
+func (c *Container) ociSpec(spec backend.Spec, rootfs string) (*specs.Spec, error) {
+	res := &specs.LinuxResources{
+		// Deny every device; runc adds back the standard ones it creates
+		// in /dev (null, zero, full, random, urandom, tty, ptmx).
+		Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
+	}
+	if m := spec.Resources.Memory; m > 0 {
+		res.Memory = &specs.LinuxMemory{Limit: &m}
+		if !c.noSwapCtl {
+			swap := m // memory+swap == memory: no swap at all
+			res.Memory.Swap = &swap
+		}
+	}
+	if cpu := spec.Resources.CPU; cpu > 0 {
+		quota, period := int64(cpu*cfsPeriod), uint64(cfsPeriod)
+		res.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
+	}
+	if p := spec.Resources.PIDs; p > 0 {
+		res.Pids = &specs.LinuxPids{Limit: &p}
+	}
+
+	hostname := spec.ID
+	if len(hostname) > maxHostname {
+		hostname = hostname[:maxHostname]
+	}
+	// /dev/shm is a tmpfs charged to the sandbox's memory; allow half of
+	// it (shared-memory data loaders want more than Docker's 64 MiB).
+	shm := int64(64 << 20)
+	if spec.Resources.Memory/2 > shm {
+		shm = spec.Resources.Memory / 2
+	}
+
+	s := &specs.Spec{
+		Version: specs.Version,
+		Process: &specs.Process{
+			Args:    []string{initPath, "-P"},
+			Env:     []string{defaultPath},
+			Cwd:     "/",
+			Rlimits: c.rlimits,
+		},
+		Root:     &specs.Root{Path: rootfs},
+		Hostname: hostname,
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", fmt.Sprintf("size=%d", shm)}},
+			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
+			{Destination: initPath, Type: "bind", Source: c.cfg.InitPath, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+		},
+		Linux: &specs.Linux{
+			CgroupsPath: c.cfg.CgroupParent + "/" + spec.ID,
+			Resources:   res,
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace},
+				{Type: specs.NetworkNamespace}, // runc brings up lo
+				{Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace},
+				{Type: specs.MountNamespace},
+				{Type: specs.CgroupNamespace},
+			},
+		},
+	}
+	if err := guard.Harden(s); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// execProcess is the runc process for an exec request, run as uid:gid.
+func (c *Container) execProcess(spec backend.Spec, req backend.ExecRequest, uid, gid uint32) *specs.Process {
+	cwd := req.Cwd
+	if cwd == "" {
+		cwd = spec.Workdir
+	}
+	if cwd == "" {
+		cwd = "/"
+	}
+	return &specs.Process{
+		Args:            req.Argv,
+		Env:             execEnv(spec.Env, req.Env, uid),
+		Cwd:             cwd,
+		User:            specs.User{UID: uid, GID: gid},
+		Capabilities:    guard.Capabilities(uid),
+		NoNewPrivileges: true,
+		Rlimits:         c.rlimits,
+	}
+}
+
+// execEnv merges the sandbox's default environment with the request's (the
+// request wins) and fills in PATH and HOME when neither sets them, as a
+// login would.
+func execEnv(base, extra []string, uid uint32) []string {
+	idx := make(map[string]int)
+	var env []string
+	for _, kv := range append(append([]string(nil), base...), extra...) {
+		k, _, _ := strings.Cut(kv, "=")
+		if i, ok := idx[k]; ok {
+			env[i] = kv
+			continue
+		}
+		idx[k] = len(env)
+		env = append(env, kv)
+	}
+	if _, ok := idx["PATH"]; !ok {
+		env = append(env, defaultPath)
+	}
+	if _, ok := idx["HOME"]; !ok {
+		if uid == 0 {
+			env = append(env, "HOME=/root")
+		} else {
+			env = append(env, "HOME=/")
+		}
+	}
+	return env
+}

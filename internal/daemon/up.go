@@ -1,0 +1,172 @@
+// Package daemon assembles warren's server roles from their parts. Up is the
+// embedded default: apiserver, node agent, an embedded etcd member and a
+// directory blob store in one process, all state under one data directory.
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/warrenhq/warren/internal/apiserver"
+	"github.com/warrenhq/warren/internal/backend"
+	"github.com/warrenhq/warren/internal/backend/container"
+	"github.com/warrenhq/warren/internal/blob"
+	"github.com/warrenhq/warren/internal/image"
+	"github.com/warrenhq/warren/internal/node"
+	"github.com/warrenhq/warren/internal/store"
+)
+
+// UpConfig configures a single-process warren.
+type UpConfig struct {
+	DataDir string // all state lives here
+	Listen  string // API address, e.g. 127.0.0.1:7443
+	Limits  node.Limits
+	Log     *slog.Logger
+	// Ready, if set, is called once the API serves, with its address.
+	Ready func(addr string)
+}
+
+// DefaultDataDir and DefaultListen are where `warren up` keeps its state
+// and serves, and where client verbs look by default.
+const (
+	DefaultDataDir = "/var/lib/warren"
+	DefaultListen  = "127.0.0.1:7443"
+)
+
+// AdminTokenFile is the admin token's file name under the data dir.
+const AdminTokenFile = "admin-token"
+
+// Up runs everything until ctx ends. Sandboxes outlive it: a later Up on
+// the same data dir re-adopts them.
+func Up(ctx context.Context, cfg UpConfig) error {
+	log := cfg.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	dir, err := filepath.Abs(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	start := time.Now()
+
+	etcd, err := store.StartEmbedded(ctx, filepath.Join(dir, "etcd"), store.WithLogger(log))
+	if err != nil {
+		return fmt.Errorf("start etcd: %w", err)
+	}
+	defer etcd.Close()
+	st := etcd.Store()
+
+	blobs, err := blob.NewDir(filepath.Join(dir, "blobs"))
+	if err != nil {
+		return err
+	}
+	images := image.NewRegistry(st, blobs)
+	if _, err := images.EnsureBusybox(ctx, filepath.Join(dir, "tmp")); err != nil {
+		// Not fatal: other images may still work; creates say what is missing.
+		log.Error("busybox image unavailable", "err", err)
+	}
+
+	nodeID, err := loadOrCreate(filepath.Join(dir, "node-id"), func() string { return "n" + randomHex(4) })
+	if err != nil {
+		return err
+	}
+	nodeDir := filepath.Join(dir, "node")
+	ctr, err := container.New(container.Config{
+		StateDir:     filepath.Join(nodeDir, "container"),
+		RuncRoot:     filepath.Join(nodeDir, "runc"),
+		CgroupParent: "/warren/" + nodeID,
+		Mounts:       image.NewMounts(filepath.Join(nodeDir, "layers")),
+	})
+	if err != nil {
+		return err
+	}
+	agent, err := node.New(ctx, node.Config{
+		ID:       nodeID,
+		StateDir: filepath.Join(nodeDir, "sandboxes"),
+		Backends: []backend.Backend{ctr},
+		Images:   images,
+		Layers:   image.NewCache(filepath.Join(nodeDir, "cache"), blobs),
+		Limits:   cfg.Limits,
+		Log:      log,
+	})
+	if err != nil {
+		return err
+	}
+	if err := agent.Start(ctx); err != nil {
+		return err
+	}
+	defer agent.Close()
+
+	token, err := loadOrCreate(filepath.Join(dir, AdminTokenFile), func() string { return randomHex(32) })
+	if err != nil {
+		return err
+	}
+	api := apiserver.New(apiserver.Config{
+		Node:   agent,
+		Images: images,
+		Tokens: apiserver.StaticToken(token),
+		Log:    log,
+	})
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	log.Info("warren is up", "addr", ln.Addr().String(), "node", nodeID, "data_dir", dir,
+		"admin_token_file", filepath.Join(dir, AdminTokenFile), "startup", time.Since(start).Round(time.Millisecond))
+	if cfg.Ready != nil {
+		cfg.Ready(ln.Addr().String())
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		return err
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return nil
+}
+
+// loadOrCreate returns the trimmed content of path, writing mk() to it
+// (mode 0600) first if it does not exist.
+func loadOrCreate(path string, mk func() string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err == nil {
+		if v := strings.TrimSpace(string(b)); v != "" {
+			return v, nil
+		}
+	} else if !os.IsNotExist(err) {
+		return "", err
+	}
+	v := mk()
+	if err := os.WriteFile(path, []byte(v+"\n"), 0o600); err != nil {
+		return "", err
+	}
+	return v, nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}

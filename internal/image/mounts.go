@@ -1,0 +1,426 @@
+package image
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/internal/backend"
+	"github.com/warrenhq/warren/internal/errdefs"
+)
+
+// Mounts keeps one read-only EROFS mount per layer digest on a node, shared
+// by every sandbox whose root uses that layer, and unmounts it when the last
+// user releases it. Mounting a layer once instead of once per sandbox keeps
+// its page cache shared and makes a create cost one overlay mount.
+//
+// Mounts are file-backed EROFS (kernel >= 6.12: no loop device), falling
+// back to a read-only, auto-clearing loop device on older kernels.
+//
+// Reference counts live in memory. After an agent restart the mounts are
+// still there: each recovered sandbox Acquires its layers again, which
+// adopts the existing mount, and Prune then unmounts whatever no sandbox
+// claimed. All methods are safe for concurrent use; a mount or unmount
+// syscall holds only its own digest's lock.
+type Mounts struct {
+	dir string
+
+	mu     sync.Mutex // guards layers and every layerMount.refs
+	layers map[string]*layerMount
+}
+
+type layerMount struct {
+	mu      sync.Mutex // held across mount and unmount of this digest
+	refs    int        // guarded by Mounts.mu
+	mounted bool       // guarded by mu
+}
+
+// NewMounts returns a Mounts that mounts layers under dir, which it owns:
+// one directory per digest. dir is created on first use.
+func NewMounts(dir string) *Mounts {
+	return &Mounts{dir: dir, layers: make(map[string]*layerMount)}
+}
+
+// Dir is the directory holding the layer mountpoints.
+func (m *Mounts) Dir() string { return m.dir }
+
+// Path returns where the layer with digest is (or would be) mounted. It
+// does not check that it is.
+func (m *Mounts) Path(digest string) (string, error) {
+	name, err := mountName(digest)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(m.dir, name), nil
+}
+
+// Acquire mounts layer read-only if it is not mounted yet, adopting a mount
+// left by an earlier process, takes a reference on it and returns its
+// mountpoint. Every successful Acquire must be paired with a Release.
+// ErrInvalid for a malformed digest or path, ErrNotFound if the layer file
+// is missing, ErrUnavailable if the kernel cannot mount it.
+func (m *Mounts) Acquire(ctx context.Context, layer backend.Layer) (string, error) {
+	target, err := m.Path(layer.Digest)
+	if err != nil {
+		return "", err
+	}
+	if !filepath.IsAbs(layer.Path) {
+		return "", errdefs.Invalid("layer %s: path %q is not absolute", layer.Digest, layer.Path)
+	}
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+
+	// Take the reference first so that a concurrent Release or Prune cannot
+	// unmount what we are about to use.
+	m.mu.Lock()
+	lm := m.layers[layer.Digest]
+	if lm == nil {
+		lm = &layerMount{}
+		m.layers[layer.Digest] = lm
+	}
+	lm.refs++
+	m.mu.Unlock()
+
+	lm.mu.Lock()
+	defer lm.mu.Unlock()
+	if lm.mounted {
+		return target, nil
+	}
+	if err := mountLayer(layer.Path, target); err != nil {
+		m.mu.Lock()
+		lm.refs--
+		if lm.refs == 0 && m.layers[layer.Digest] == lm {
+			delete(m.layers, layer.Digest)
+		}
+		m.mu.Unlock()
+		return "", fmt.Errorf("layer %s: %w", layer.Digest, err)
+	}
+	lm.mounted = true
+	return target, nil
+}
+
+// Release drops a reference taken by Acquire and, at zero, unmounts the
+// layer and removes its mountpoint. ErrNotFound if digest holds no
+// reference.
+func (m *Mounts) Release(digest string) error {
+	m.mu.Lock()
+	lm := m.layers[digest]
+	if lm == nil || lm.refs == 0 {
+		m.mu.Unlock()
+		return errdefs.New(errdefs.ErrNotFound, "layer_not_acquired", "layer %s is not acquired", digest)
+	}
+	lm.refs--
+	last := lm.refs == 0
+	m.mu.Unlock()
+	if !last {
+		return nil
+	}
+	return m.unmountUnused(digest, lm)
+}
+
+// Refs returns the number of references held on digest.
+func (m *Mounts) Refs(digest string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if lm := m.layers[digest]; lm != nil {
+		return lm.refs
+	}
+	return 0
+}
+
+// Prune unmounts every layer mount under the directory that holds no
+// reference, such as those left by an earlier process that no recovered
+// sandbox claimed, and removes stray mountpoints. Call it after recovery.
+// A running overlay keeps its own reference to a layer's filesystem, so
+// pruning a layer still in use by an unrecovered sandbox does not break it;
+// it only costs a second mount later.
+func (m *Mounts) Prune() error {
+	mounted, err := mountpointsUnder(m.dir)
+	if err != nil {
+		return err
+	}
+	entries, err := os.ReadDir(m.dir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("prune layer mounts: %w", err)
+	}
+	names := make(map[string]bool, len(entries)+len(mounted))
+	for _, e := range entries {
+		names[e.Name()] = true
+	}
+	for _, n := range mounted {
+		names[n] = true
+	}
+	var errs []error
+	for name := range names {
+		digest, ok := digestOf(name)
+		if !ok {
+			continue // not ours
+		}
+		m.mu.Lock()
+		lm := m.layers[digest]
+		if lm == nil {
+			// Unknown to this process. unmountUnused checks the
+			// mountpoint itself, and an Acquire racing with us mounts
+			// or adopts as usual.
+			lm = &layerMount{}
+			m.layers[digest] = lm
+		}
+		busy := lm.refs > 0
+		m.mu.Unlock()
+		if !busy {
+			if err := m.unmountUnused(digest, lm); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// unmountUnused unmounts lm if it is still unreferenced once its lock is
+// held, and forgets it.
+func (m *Mounts) unmountUnused(digest string, lm *layerMount) error {
+	lm.mu.Lock()
+	defer lm.mu.Unlock()
+	m.mu.Lock()
+	if lm.refs > 0 {
+		// Acquired again meanwhile; that Acquire will find it mounted.
+		m.mu.Unlock()
+		return nil
+	}
+	m.mu.Unlock()
+
+	target, err := m.Path(digest)
+	if err != nil {
+		return err
+	}
+	if err := unmountDir(target); err != nil {
+		return fmt.Errorf("layer %s: %w", digest, err)
+	}
+	lm.mounted = false
+
+	m.mu.Lock()
+	if lm.refs == 0 && m.layers[digest] == lm {
+		delete(m.layers, digest)
+	}
+	m.mu.Unlock()
+	return nil
+}
+
+// mountName maps "sha256:<hex>" to "<hex>" and "<algo>:<hex>" to
+// "<algo>-<hex>". Names stay short and free of ':' and ',' because they
+// end up in overlayfs' lowerdir option, which is limited to a page.
+func mountName(digest string) (string, error) {
+	algo, hex, ok := strings.Cut(digest, ":")
+	if !ok || !isLowerAlnum(algo) || len(hex) < 32 || !isHex(hex) {
+		return "", errdefs.Invalid("malformed layer digest %q, want <algo>:<hex>", digest)
+	}
+	if algo == "sha256" {
+		return hex, nil
+	}
+	return algo + "-" + hex, nil
+}
+
+// digestOf inverts mountName.
+func digestOf(name string) (string, bool) {
+	d := "sha256:" + name
+	if algo, hex, ok := strings.Cut(name, "-"); ok {
+		d = algo + ":" + hex
+	}
+	n, err := mountName(d)
+	return d, err == nil && n == name
+}
+
+func isLowerAlnum(s string) bool {
+	for _, c := range s {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') {
+			return false
+		}
+	}
+	return s != ""
+}
+
+func isHex(s string) bool {
+	for _, c := range s {
+		if (c < 'a' || c > 'f') && (c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// mountLayer mounts the EROFS image file read-only on target, or adopts an
+// EROFS mount already there.
+func mountLayer(file, target string) error {
+	if err := os.MkdirAll(target, 0o755); err != nil {
+		return fmt.Errorf("mountpoint: %w", err)
+	}
+	if mounted, err := isMountpoint(target); err != nil {
+		return err
+	} else if mounted {
+		var st unix.Statfs_t
+		if err := unix.Statfs(target, &st); err != nil {
+			return fmt.Errorf("statfs %s: %w", target, err)
+		}
+		if st.Type != unix.EROFS_SUPER_MAGIC_V1 {
+			return fmt.Errorf("%s is a mountpoint but not erofs (type %#x)", target, st.Type)
+		}
+		return nil
+	}
+	if _, err := os.Stat(file); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return errdefs.New(errdefs.ErrNotFound, "layer_not_found", "layer file %s is missing", file)
+		}
+		return err
+	}
+	err := unix.Mount(file, target, "erofs", unix.MS_RDONLY, "")
+	if errors.Is(err, unix.ENOTBLK) {
+		// Kernel without file-backed EROFS (< 6.12): it wants a block
+		// device.
+		err = mountLoop(file, target)
+	}
+	if err != nil {
+		os.Remove(target)
+		if errors.Is(err, unix.ENODEV) {
+			return errdefs.Unavailable("kernel lacks erofs: %v", err)
+		}
+		return fmt.Errorf("mount erofs %s on %s: %w", file, target, err)
+	}
+	return nil
+}
+
+// mountLoop attaches file to a free loop device, read-only and
+// auto-clearing (the device detaches itself when unmounted), and mounts it.
+func mountLoop(file, target string) error {
+	f, err := os.Open(file)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return errdefs.Unavailable("no file-backed erofs and no loop devices: %v", err)
+	}
+	defer ctl.Close()
+	for attempt := 0; attempt < 10; attempt++ {
+		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
+		if err != nil {
+			return fmt.Errorf("loop-control: %w", err)
+		}
+		dev := fmt.Sprintf("/dev/loop%d", n)
+		loop, err := os.OpenFile(dev, os.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		cfg := unix.LoopConfig{Fd: uint32(f.Fd())}
+		cfg.Info.Flags = unix.LO_FLAGS_READ_ONLY | unix.LO_FLAGS_AUTOCLEAR
+		err = unix.IoctlLoopConfigure(int(loop.Fd()), &cfg)
+		if errors.Is(err, unix.EBUSY) {
+			loop.Close() // taken by someone else between GET_FREE and here
+			continue
+		}
+		if err != nil {
+			loop.Close()
+			return fmt.Errorf("configure %s: %w", dev, err)
+		}
+		err = unix.Mount(dev, target, "erofs", unix.MS_RDONLY, "")
+		// With AUTOCLEAR the device detaches on the last close if the
+		// mount failed, or on unmount if it succeeded.
+		loop.Close()
+		return err
+	}
+	return errors.New("no free loop device")
+}
+
+// isMountpoint reports whether dir is the root of a mount, by comparing its
+// device with its parent's: two stats instead of parsing mountinfo.
+func isMountpoint(dir string) (bool, error) {
+	var st, pst unix.Stat_t
+	if err := unix.Lstat(dir, &st); err != nil {
+		return false, fmt.Errorf("stat %s: %w", dir, err)
+	}
+	if err := unix.Lstat(filepath.Dir(dir), &pst); err != nil {
+		return false, fmt.Errorf("stat %s: %w", filepath.Dir(dir), err)
+	}
+	return st.Dev != pst.Dev || st.Ino == pst.Ino, nil
+}
+
+// unmountDir unmounts every mount stacked on dir and removes dir. A missing
+// dir is not an error.
+func unmountDir(dir string) error {
+	for {
+		mounted, err := isMountpoint(dir)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if !mounted {
+			break
+		}
+		err = unix.Unmount(dir, 0)
+		if errors.Is(err, unix.EBUSY) {
+			// Someone holds a file open in it: detach it now, the kernel
+			// frees it when they are done.
+			err = unix.Unmount(dir, unix.MNT_DETACH)
+		}
+		if err != nil && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("unmount %s: %w", dir, err)
+		}
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// mountpointsUnder lists the names of mounts directly under dir, from
+// /proc/self/mountinfo.
+func mountpointsUnder(dir string) ([]string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var names []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescapeMountinfo(fields[4])
+		if filepath.Dir(mp) == filepath.Clean(dir) {
+			names = append(names, filepath.Base(mp))
+		}
+	}
+	return names, sc.Err()
+}
+
+// unescapeMountinfo undoes the octal escapes (\040 for a space) the kernel
+// puts in mountinfo paths.
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			v := (int(s[i+1]-'0') << 6) | (int(s[i+2]-'0') << 3) | int(s[i+3]-'0')
+			b.WriteByte(byte(v))
+			i += 3
+			continue
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}

@@ -1,0 +1,293 @@
+// Package node is the node agent: it owns the sandboxes on one host. It is
+// the final authority on admission (it refuses a create when the node is
+// near its limits, with a retry hint), runs each sandbox's lifecycle on the
+// backend the caller chose, reaps sandboxes past their TTL or idle timeout,
+// and survives its own restart: sandboxes keep running and are re-adopted
+// from versioned records on local disk. Per-sandbox state never goes through
+// etcd.
+package node
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/backend"
+	"github.com/warrenhq/warren/internal/errdefs"
+)
+
+// Images resolves an image name to its layers; *image.Registry does.
+type Images interface {
+	Get(ctx context.Context, name string) (api.Image, error)
+}
+
+// Layers makes a layer available on local disk; *image.Cache does.
+type Layers interface {
+	Fetch(ctx context.Context, digest string) (backend.Layer, error)
+}
+
+// Limits bound what the node admits. Zero fields take defaults from the host.
+type Limits struct {
+	CPU       float64 // cores that requests may add up to (after overcommit)
+	Memory    int64   // bytes that memory limits may add up to
+	Sandboxes int     // live sandboxes
+	// CreatesInFlight caps concurrent creates; more wait-free get 429.
+	CreatesInFlight int
+}
+
+// Defaults fill in what a request leaves out.
+type Defaults struct {
+	CPU         float64
+	Memory      int64
+	PIDs        int64
+	TTL         time.Duration
+	MaxTTL      time.Duration
+	ExecTimeout time.Duration
+	MaxOutput   int64 // per stream
+}
+
+// Config builds an Agent.
+type Config struct {
+	ID       string // node id; a prefix of every sandbox id here
+	StateDir string // versioned sandbox records live here
+	Backends []backend.Backend
+	Images   Images
+	Layers   Layers
+	Limits   Limits
+	Defaults Defaults
+	// ReapInterval is how often TTLs and idle timeouts are checked.
+	ReapInterval time.Duration
+	Log          *slog.Logger
+}
+
+// Agent owns the sandboxes of one node. It is safe for concurrent use.
+type Agent struct {
+	cfg      Config
+	backends map[string]backend.Backend
+	problems []string // backends unavailable here, and why
+	log      *slog.Logger
+
+	mu        sync.Mutex
+	sandboxes map[string]*sandbox
+	inflight  int
+	reserved  usage // resources of live sandboxes and creates in flight
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+type usage struct {
+	cpu       float64
+	memory    int64
+	sandboxes int
+}
+
+// nodeIDPattern: node ids prefix sandbox ids, so they contain no '-'.
+var nodeIDPattern = regexp.MustCompile(`^[a-z0-9]{1,20}$`)
+
+// New builds an agent. Call Start to recover earlier sandboxes and start
+// the reaper.
+func New(ctx context.Context, cfg Config) (*Agent, error) {
+	if !nodeIDPattern.MatchString(cfg.ID) {
+		return nil, errdefs.Invalid("node id %q: want 1-20 of [a-z0-9]", cfg.ID)
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.ReapInterval == 0 {
+		cfg.ReapInterval = time.Second
+	}
+	cfg.Limits = cfg.Limits.withDefaults()
+	cfg.Defaults = cfg.Defaults.withDefaults()
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("node state dir: %w", err)
+	}
+	a := &Agent{
+		cfg:       cfg,
+		backends:  map[string]backend.Backend{},
+		log:       cfg.Log.With("node", cfg.ID),
+		sandboxes: map[string]*sandbox{},
+		stop:      make(chan struct{}),
+	}
+	for _, b := range cfg.Backends {
+		if err := b.Available(ctx); err != nil {
+			// A missing host feature disables one backend, not the node.
+			a.problems = append(a.problems, fmt.Sprintf("%s: %v", b.Name(), err))
+			a.log.Warn("backend unavailable", "backend", b.Name(), "err", err)
+			continue
+		}
+		a.backends[b.Name()] = b
+	}
+	return a, nil
+}
+
+func (l Limits) withDefaults() Limits {
+	if l.CPU == 0 {
+		// Sandboxes mostly idle (~90% use <=5% of their request), so the
+		// node admits requests up to 4x its cores by default.
+		l.CPU = 4 * float64(runtime.NumCPU())
+	}
+	if l.Memory == 0 {
+		l.Memory = int64(float64(hostMemory()) * 0.9)
+	}
+	if l.Sandboxes == 0 {
+		l.Sandboxes = 1000
+	}
+	if l.CreatesInFlight == 0 {
+		l.CreatesInFlight = 64
+	}
+	return l
+}
+
+func (d Defaults) withDefaults() Defaults {
+	if d.CPU == 0 {
+		d.CPU = 1
+	}
+	if d.Memory == 0 {
+		d.Memory = 512 << 20
+	}
+	if d.PIDs == 0 {
+		d.PIDs = 1024
+	}
+	if d.TTL == 0 {
+		d.TTL = time.Hour
+	}
+	if d.MaxTTL == 0 {
+		d.MaxTTL = 7 * 24 * time.Hour
+	}
+	if d.ExecTimeout == 0 {
+		d.ExecTimeout = 10 * time.Minute
+	}
+	if d.MaxOutput == 0 {
+		d.MaxOutput = 1 << 20
+	}
+	return d
+}
+
+// hostMemory reads MemTotal, in bytes.
+func hostMemory() int64 {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 1 << 30
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		var kb int64
+		if _, err := fmt.Sscanf(line, "MemTotal: %d kB", &kb); err == nil {
+			return kb << 10
+		}
+	}
+	return 1 << 30
+}
+
+// ID returns the node's id.
+func (a *Agent) ID() string { return a.cfg.ID }
+
+// Start re-adopts the sandboxes an earlier agent process left running and
+// starts the reaper. Sandboxes whose backend lost them are marked lost.
+func (a *Agent) Start(ctx context.Context) error {
+	if err := a.recover(ctx); err != nil {
+		return err
+	}
+	a.wg.Add(1)
+	go a.reapLoop()
+	return nil
+}
+
+// Close stops the reaper and the watchers. Sandboxes keep running: a new
+// agent re-adopts them.
+func (a *Agent) Close() error {
+	select {
+	case <-a.stop:
+	default:
+		close(a.stop)
+	}
+	a.wg.Wait()
+	return nil
+}
+
+// Status reports the node's capacity, usage and problems.
+func (a *Agent) Status() api.Node {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := api.Node{
+		ID: a.cfg.ID,
+		Capacity: api.Capacity{
+			CPU:       a.cfg.Limits.CPU,
+			Memory:    api.Quantity(a.cfg.Limits.Memory),
+			Sandboxes: a.cfg.Limits.Sandboxes,
+		},
+		Usage: api.Capacity{
+			CPU:       a.reserved.cpu,
+			Memory:    api.Quantity(a.reserved.memory),
+			Sandboxes: a.reserved.sandboxes,
+		},
+		Healthy:   len(a.backends) > 0,
+		Problems:  append([]string(nil), a.problems...),
+		UpdatedAt: time.Now().UTC(),
+	}
+	for name := range a.backends {
+		n.Backends = append(n.Backends, name)
+	}
+	sort.Strings(n.Backends)
+	return n
+}
+
+var idEncoding = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+
+// newID returns "<node>-<16 random base32 chars>" (80 bits).
+func (a *Agent) newID() string {
+	var b [10]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand never fails on Linux
+	}
+	return a.cfg.ID + "-" + idEncoding.EncodeToString(b[:])
+}
+
+// SandboxIDPattern matches every well-formed sandbox id: the node id, a
+// dash, and a random suffix.
+var SandboxIDPattern = regexp.MustCompile(`^[a-z0-9]{1,20}-[a-z2-7]{16}$`)
+
+// NodeOf returns the node id a sandbox id carries, so callers route without
+// a lookup.
+func NodeOf(id string) (string, error) {
+	if !SandboxIDPattern.MatchString(id) {
+		return "", errdefs.New(errdefs.ErrInvalid, "", "malformed sandbox id %q", id)
+	}
+	return id[:strings.IndexByte(id, '-')], nil
+}
+
+func (a *Agent) recordPath(id string) string {
+	return filepath.Join(a.cfg.StateDir, id+".json")
+}
+
+func errSandboxNotFound(id string) error {
+	return errdefs.New(errdefs.ErrNotFound, api.CodeSandboxNotFound, "sandbox %s not found", id)
+}
+
+// lookup finds a live sandbox by id.
+func (a *Agent) lookup(id string) (*sandbox, error) {
+	if _, err := NodeOf(id); err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	s := a.sandboxes[id]
+	a.mu.Unlock()
+	if s == nil {
+		return nil, errSandboxNotFound(id)
+	}
+	return s, nil
+}
+
+var errClosed = errors.New("agent closed")

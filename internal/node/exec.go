@@ -1,0 +1,246 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"path"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/backend"
+	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/guard"
+)
+
+// maxExecTimeout bounds a single exec; longer work belongs in a sandbox's
+// own background processes.
+const maxExecTimeout = 24 * time.Hour
+
+// running returns a live sandbox that is running, or a classified error.
+func (a *Agent) running(id string) (*sandbox, error) {
+	s, err := a.lookup(id)
+	if err != nil {
+		return nil, err
+	}
+	v := s.snapshot()
+	if v.State != api.StateRunning {
+		return nil, errdefs.New(errdefs.ErrConflict, "sandbox_not_running", "sandbox %s is %s, not running", id, v.State)
+	}
+	return s, nil
+}
+
+// Exec runs a command in a sandbox. Output goes to stdout and stderr as it
+// is produced, each capped at req.MaxOutput (default 1 MiB): bytes past the
+// cap are counted and dropped. If stdout and stderr are nil, the output is
+// captured into the result instead. The error is non-nil only when the
+// command could not be run; a failing command is a result with its exit
+// code.
+func (a *Agent) Exec(ctx context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (api.ExecResult, error) {
+	s, err := a.running(id)
+	if err != nil {
+		return api.ExecResult{}, err
+	}
+	ex, ok := s.backend.(backend.Execer)
+	if !ok {
+		return api.ExecResult{}, errdefs.Invalid("backend %s does not support exec", s.backend.Name())
+	}
+	breq, err := a.execRequest(req)
+	if err != nil {
+		return api.ExecResult{}, err
+	}
+	limit := int64(req.MaxOutput)
+	if limit == 0 {
+		limit = a.cfg.Defaults.MaxOutput
+	}
+	var outBuf, errBuf *bytes.Buffer
+	if stdout == nil && stderr == nil {
+		outBuf, errBuf = &bytes.Buffer{}, &bytes.Buffer{}
+		stdout, stderr = outBuf, errBuf
+	}
+	if stdout == nil {
+		stdout = io.Discard
+	}
+	if stderr == nil {
+		stderr = io.Discard
+	}
+	outW, errW := guard.NewLimitWriter(stdout, limit), guard.NewLimitWriter(stderr, limit)
+	breq.Stdout, breq.Stderr = outW, errW
+
+	s.touch()
+	res, err := ex.Exec(ctx, id, breq)
+	s.touch()
+	if err != nil {
+		return api.ExecResult{}, err
+	}
+	out := api.ExecResult{
+		ExitCode:        res.ExitCode,
+		Signal:          res.Signal,
+		TimedOut:        res.TimedOut,
+		StdoutTruncated: outW.Truncated(),
+		StderrTruncated: errW.Truncated(),
+		StdoutBytes:     outW.Total(),
+		StderrBytes:     errW.Total(),
+		DurationMs:      res.Duration.Milliseconds(),
+	}
+	if outBuf != nil {
+		out.Stdout, out.StdoutEncoding = EncodeOutput(outBuf.Bytes())
+		out.Stderr, out.StderrEncoding = EncodeOutput(errBuf.Bytes())
+	}
+	return out, nil
+}
+
+// EncodeOutput returns b as a JSON-safe string and its encoding: UTF-8 text
+// as is, anything else as base64, so no byte is lost.
+func EncodeOutput(b []byte) (string, string) {
+	if utf8.Valid(b) {
+		return string(b), api.EncodingUTF8
+	}
+	return base64.StdEncoding.EncodeToString(b), api.EncodingBase64
+}
+
+// execRequest validates an API exec request and turns it into a backend one.
+func (a *Agent) execRequest(req api.ExecRequest) (backend.ExecRequest, error) {
+	var argv []string
+	switch {
+	case len(req.Argv) > 0 && req.Cmd != "":
+		return backend.ExecRequest{}, errdefs.Invalid("give argv or cmd, not both")
+	case len(req.Argv) > 0:
+		argv = req.Argv
+	case req.Cmd != "":
+		argv = []string{"/bin/sh", "-c", req.Cmd}
+	default:
+		return backend.ExecRequest{}, errdefs.Invalid("argv or cmd is required")
+	}
+	if argv[0] == "" {
+		return backend.ExecRequest{}, errdefs.Invalid("argv[0] is empty")
+	}
+	for k := range req.Env {
+		if !envKeyPattern.MatchString(k) {
+			return backend.ExecRequest{}, errdefs.Invalid("env %q: not a valid variable name", k)
+		}
+	}
+	if req.Cwd != "" && !path.IsAbs(req.Cwd) {
+		return backend.ExecRequest{}, errdefs.Invalid("cwd %q: must be absolute", req.Cwd)
+	}
+	timeout := req.Timeout.D()
+	switch {
+	case timeout == 0:
+		timeout = a.cfg.Defaults.ExecTimeout
+	case timeout > maxExecTimeout:
+		return backend.ExecRequest{}, errdefs.Invalid("timeout %v: at most %v", timeout, maxExecTimeout)
+	}
+	if req.MaxOutput < 0 {
+		return backend.ExecRequest{}, errdefs.Invalid("max_output must not be negative")
+	}
+	var stdin io.Reader
+	switch req.StdinEncoding {
+	case api.EncodingUTF8:
+		if req.Stdin != "" {
+			stdin = strings.NewReader(req.Stdin)
+		}
+	case api.EncodingBase64:
+		b, err := base64.StdEncoding.DecodeString(req.Stdin)
+		if err != nil {
+			return backend.ExecRequest{}, errdefs.Invalid("stdin: bad base64: %v", err)
+		}
+		stdin = bytes.NewReader(b)
+	default:
+		return backend.ExecRequest{}, errdefs.Invalid("stdin_encoding %q: want \"\" or \"base64\"", req.StdinEncoding)
+	}
+	return backend.ExecRequest{
+		Argv:    argv,
+		Env:     envList(req.Env),
+		Cwd:     req.Cwd,
+		User:    req.User,
+		Stdin:   stdin,
+		Timeout: timeout,
+	}, nil
+}
+
+// files returns a running sandbox's file access after checking path.
+func (a *Agent) files(id, p string) (*sandbox, backend.Files, error) {
+	if p == "" || !path.IsAbs(p) {
+		return nil, nil, errdefs.Invalid("path %q: must be absolute", p)
+	}
+	if strings.ContainsRune(p, 0) {
+		return nil, nil, errdefs.Invalid("path contains a NUL byte")
+	}
+	s, err := a.running(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	f, ok := s.backend.(backend.Files)
+	if !ok {
+		return nil, nil, errdefs.Invalid("backend %s does not support file transfer", s.backend.Name())
+	}
+	s.touch()
+	return s, f, nil
+}
+
+// Stat describes a path inside a sandbox.
+func (a *Agent) Stat(ctx context.Context, id, p string) (api.FileInfo, error) {
+	_, f, err := a.files(id, p)
+	if err != nil {
+		return api.FileInfo{}, err
+	}
+	fi, err := f.Stat(ctx, id, p)
+	if err != nil {
+		return api.FileInfo{}, fileErr(p, err)
+	}
+	return api.FileInfo{Path: path.Clean(p), Size: fi.Size, Mode: fi.Mode, IsDir: fi.IsDir}, nil
+}
+
+// WriteFile writes one regular file into a sandbox.
+func (a *Agent) WriteFile(ctx context.Context, id, p string, mode uint32, r io.Reader) error {
+	_, f, err := a.files(id, p)
+	if err != nil {
+		return err
+	}
+	if mode&^0o7777 != 0 {
+		return errdefs.Invalid("mode %o: only permission bits", mode)
+	}
+	return fileErr(p, f.WriteFile(ctx, id, p, mode, r))
+}
+
+// ReadFile streams one regular file out of a sandbox.
+func (a *Agent) ReadFile(ctx context.Context, id, p string, w io.Writer) error {
+	_, f, err := a.files(id, p)
+	if err != nil {
+		return err
+	}
+	return fileErr(p, f.ReadFile(ctx, id, p, w))
+}
+
+// WriteTar extracts a tar stream under dir inside a sandbox.
+func (a *Agent) WriteTar(ctx context.Context, id, dir string, r io.Reader) error {
+	_, f, err := a.files(id, dir)
+	if err != nil {
+		return err
+	}
+	return fileErr(dir, f.WriteTar(ctx, id, dir, r))
+}
+
+// ReadTar streams a file or directory tree out of a sandbox as a tar.
+func (a *Agent) ReadTar(ctx context.Context, id, p string, w io.Writer) error {
+	_, f, err := a.files(id, p)
+	if err != nil {
+		return err
+	}
+	return fileErr(p, f.ReadTar(ctx, id, p, w))
+}
+
+// fileErr gives a missing path the file_not_found code.
+func fileErr(p string, err error) error {
+	if err == nil || errdefs.Code(err) != "" {
+		return err
+	}
+	if isNotFound(err) {
+		return &errdefs.Error{Kind: errdefs.ErrNotFound, Code: api.CodeFileNotFound, Msg: fmt.Sprintf("%s: %v", p, err)}
+	}
+	return err
+}

@@ -1,0 +1,391 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/backend"
+	"github.com/warrenhq/warren/internal/errdefs"
+)
+
+// sandbox is the agent's live view of one sandbox.
+type sandbox struct {
+	backend backend.Backend
+	spec    backend.Spec
+
+	mu       sync.Mutex
+	view     api.Sandbox // State, Reason and LastUsedAt change; the rest is fixed
+	deleting bool
+	cancel   context.CancelFunc // stops the watcher
+}
+
+func (s *sandbox) snapshot() api.Sandbox {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v := s.view
+	v.Labels = maps.Clone(v.Labels)
+	v.Env = maps.Clone(v.Env)
+	return v
+}
+
+func (s *sandbox) touch() {
+	s.mu.Lock()
+	s.view.LastUsedAt = time.Now().UTC()
+	s.mu.Unlock()
+}
+
+func (s *sandbox) setState(state, reason string) {
+	s.mu.Lock()
+	s.view.State, s.view.Reason = state, reason
+	s.mu.Unlock()
+}
+
+var (
+	labelKeyPattern = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62}[A-Za-z0-9])?$`)
+	envKeyPattern   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+)
+
+// validate checks a create request and fills in defaults. Every error is
+// ErrInvalid.
+func (a *Agent) validate(req *api.CreateSandboxRequest) error {
+	d := a.cfg.Defaults
+	if req.Backend == "" {
+		req.Backend = api.BackendContainer
+	}
+	if strings.TrimSpace(req.Image) == "" {
+		return errdefs.Invalid("image is required")
+	}
+	r := &req.Resources
+	switch {
+	case math.IsNaN(r.CPU) || r.CPU < 0:
+		return errdefs.Invalid("resources.cpu %v: must be positive", r.CPU)
+	case r.CPU == 0:
+		r.CPU = d.CPU
+	case r.CPU < 0.01:
+		return errdefs.Invalid("resources.cpu %v: at least 0.01 cores", r.CPU)
+	case r.CPU > float64(a.cfg.Limits.CPU):
+		return errdefs.Invalid("resources.cpu %v: more than the node's %v cores", r.CPU, a.cfg.Limits.CPU)
+	}
+	switch {
+	case r.Memory == 0:
+		r.Memory = api.Quantity(d.Memory)
+	case r.Memory < 8<<20:
+		return errdefs.Invalid("resources.memory %v: at least 8Mi", r.Memory)
+	case int64(r.Memory) > a.cfg.Limits.Memory:
+		return errdefs.Invalid("resources.memory %v: more than the node's %v", r.Memory, api.Quantity(a.cfg.Limits.Memory))
+	}
+	switch {
+	case r.PIDs == 0:
+		r.PIDs = d.PIDs
+	case r.PIDs < 8 || r.PIDs > 1<<22:
+		return errdefs.Invalid("resources.pids %d: want 8..4194304", r.PIDs)
+	}
+	switch {
+	case req.TTL == 0:
+		req.TTL = api.Duration(d.TTL)
+	case req.TTL.D() < time.Second || req.TTL.D() > d.MaxTTL:
+		return errdefs.Invalid("ttl %v: want 1s..%v", req.TTL, d.MaxTTL)
+	}
+	if req.IdleTimeout != 0 && req.IdleTimeout.D() < time.Second {
+		return errdefs.Invalid("idle_timeout %v: at least 1s", req.IdleTimeout)
+	}
+	if len(req.Labels) > 64 {
+		return errdefs.Invalid("at most 64 labels")
+	}
+	for k, v := range req.Labels {
+		if !labelKeyPattern.MatchString(k) || len(v) > 256 {
+			return errdefs.Invalid("label %q: keys are 1-64 of [A-Za-z0-9._/-], values at most 256 bytes", k)
+		}
+	}
+	for k := range req.Env {
+		if !envKeyPattern.MatchString(k) {
+			return errdefs.Invalid("env %q: not a valid variable name", k)
+		}
+	}
+	return nil
+}
+
+// admit reserves room for one sandbox or refuses with ErrExhausted.
+func (a *Agent) admit(r api.Resources) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	l := a.cfg.Limits
+	var why string
+	switch {
+	case a.inflight >= l.CreatesInFlight:
+		why = fmt.Sprintf("%d creates in flight", a.inflight)
+	case a.reserved.sandboxes+1 > l.Sandboxes:
+		why = fmt.Sprintf("%d sandboxes, the node's limit", a.reserved.sandboxes)
+	case a.reserved.cpu+r.CPU > l.CPU:
+		why = fmt.Sprintf("cpu %.2f of %.2f cores reserved", a.reserved.cpu, l.CPU)
+	case a.reserved.memory+int64(r.Memory) > l.Memory:
+		why = fmt.Sprintf("memory %v of %v reserved", api.Quantity(a.reserved.memory), api.Quantity(l.Memory))
+	}
+	if why != "" {
+		return errdefs.Exhausted(api.CodeNodeFull, 2*time.Second, "node %s is full: %s", a.cfg.ID, why)
+	}
+	a.inflight++
+	a.reserved.add(r, 1)
+	return nil
+}
+
+func (u *usage) add(r api.Resources, sign int) {
+	u.cpu += float64(sign) * r.CPU
+	u.memory += int64(sign) * int64(r.Memory)
+	u.sandboxes += sign
+}
+
+// Create admits, prepares and starts a sandbox, and returns it running.
+func (a *Agent) Create(ctx context.Context, req api.CreateSandboxRequest) (api.Sandbox, error) {
+	if err := a.validate(&req); err != nil {
+		return api.Sandbox{}, err
+	}
+	b, ok := a.backends[req.Backend]
+	if !ok {
+		if a.knownBackend(req.Backend) {
+			return api.Sandbox{}, errdefs.New(errdefs.ErrUnavailable, api.CodeBackendUnavailable,
+				"backend %q is not available on node %s", req.Backend, a.cfg.ID)
+		}
+		return api.Sandbox{}, errdefs.Invalid("unknown backend %q", req.Backend)
+	}
+	img, err := a.cfg.Images.Get(ctx, req.Image)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	if err := a.admit(req.Resources); err != nil {
+		return api.Sandbox{}, err
+	}
+	sb, err := a.create(ctx, b, req, img)
+	a.mu.Lock()
+	a.inflight--
+	if err != nil {
+		a.reserved.add(req.Resources, -1)
+	}
+	a.mu.Unlock()
+	return sb, err
+}
+
+func (a *Agent) knownBackend(name string) bool {
+	switch name {
+	case api.BackendFnCall, api.BackendContainer, api.BackendMicroVM, api.BackendVM:
+		return true
+	}
+	return false
+}
+
+func (a *Agent) create(ctx context.Context, b backend.Backend, req api.CreateSandboxRequest, img api.Image) (api.Sandbox, error) {
+	layers := make([]backend.Layer, 0, len(img.Layers))
+	for _, d := range img.Layers {
+		l, err := a.cfg.Layers.Fetch(ctx, d)
+		if err != nil {
+			return api.Sandbox{}, fmt.Errorf("image %s: layer %s: %w", img.Name, d, err)
+		}
+		layers = append(layers, l)
+	}
+	now := time.Now().UTC()
+	id := a.newID()
+	view := api.Sandbox{
+		ID:          id,
+		Node:        a.cfg.ID,
+		Backend:     b.Name(),
+		Image:       img.Name,
+		State:       api.StateCreating,
+		Resources:   req.Resources,
+		Env:         req.Env,
+		Labels:      req.Labels,
+		TTL:         req.TTL,
+		IdleTimeout: req.IdleTimeout,
+		CreatedAt:   now,
+		LastUsedAt:  now,
+	}
+	exp := now.Add(req.TTL.D())
+	view.ExpiresAt = &exp
+	spec := backend.Spec{
+		ID:     id,
+		Layers: layers,
+		Env:    envList(req.Env),
+		Resources: backend.Resources{
+			CPU:    req.Resources.CPU,
+			Memory: int64(req.Resources.Memory),
+			PIDs:   req.Resources.PIDs,
+		},
+	}
+	// The record goes to disk first, so that a crash in the middle leaves
+	// something recovery can find and clean up.
+	if err := a.writeRecord(record{Sandbox: view, Spec: spec}); err != nil {
+		return api.Sandbox{}, err
+	}
+	fail := func(err error) (api.Sandbox, error) {
+		// Cleanup must run even if the caller went away.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if derr := b.Destroy(cctx, id); derr != nil {
+			a.log.Error("cleanup after failed create", "sandbox", id, "err", derr)
+		}
+		a.removeRecord(id)
+		return api.Sandbox{}, err
+	}
+	if err := b.Create(ctx, spec); err != nil {
+		return fail(fmt.Errorf("create sandbox: %w", err))
+	}
+	if err := b.Start(ctx, id); err != nil {
+		return fail(fmt.Errorf("start sandbox: %w", err))
+	}
+	view.State = api.StateRunning
+	if err := a.writeRecord(record{Sandbox: view, Spec: spec}); err != nil {
+		return fail(err)
+	}
+	s := &sandbox{backend: b, spec: spec, view: view}
+	a.mu.Lock()
+	a.sandboxes[id] = s
+	a.mu.Unlock()
+	a.watch(s)
+	a.log.Info("sandbox created", "sandbox", id, "image", img.Name, "backend", b.Name())
+	return s.snapshot(), nil
+}
+
+func envList(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k, v := range m {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// watch waits for the sandbox's init to exit on its own and marks it failed.
+func (a *Agent) watch(s *sandbox) {
+	ctx, cancel := context.WithCancel(context.Background())
+	s.mu.Lock()
+	s.cancel = cancel
+	s.mu.Unlock()
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		go func() {
+			select {
+			case <-a.stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		st, err := s.backend.Wait(ctx, s.spec.ID)
+		if ctx.Err() != nil {
+			return // deleted, or the agent is closing
+		}
+		s.mu.Lock()
+		deleting := s.deleting
+		s.mu.Unlock()
+		if deleting {
+			return
+		}
+		reason := fmt.Sprintf("sandbox init exited with code %d", st.ExitCode)
+		if err != nil {
+			reason = fmt.Sprintf("lost track of sandbox: %v", err)
+		}
+		a.log.Warn("sandbox died", "sandbox", s.spec.ID, "reason", reason)
+		s.setState(api.StateFailed, reason)
+		a.persist(s)
+	}()
+}
+
+// Get returns one sandbox.
+func (a *Agent) Get(ctx context.Context, id string) (api.Sandbox, error) {
+	s, err := a.lookup(id)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	return s.snapshot(), nil
+}
+
+// Filter selects sandboxes in List. Zero fields match everything.
+type Filter struct {
+	Labels map[string]string // all must match
+	State  string
+}
+
+// List returns the node's sandboxes that match f, oldest first.
+func (a *Agent) List(ctx context.Context, f Filter) ([]api.Sandbox, error) {
+	a.mu.Lock()
+	all := make([]*sandbox, 0, len(a.sandboxes))
+	for _, s := range a.sandboxes {
+		all = append(all, s)
+	}
+	a.mu.Unlock()
+	out := []api.Sandbox{}
+	for _, s := range all {
+		v := s.snapshot()
+		if f.State != "" && v.State != f.State {
+			continue
+		}
+		match := true
+		for k, want := range f.Labels {
+			if got, ok := v.Labels[k]; !ok || got != want {
+				match = false
+				break
+			}
+		}
+		if match {
+			out = append(out, v)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].CreatedAt.Equal(out[j].CreatedAt) {
+			return out[i].CreatedAt.Before(out[j].CreatedAt)
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out, nil
+}
+
+// Delete destroys a sandbox and everything it holds. Deleting an unknown
+// or already deleted sandbox succeeds: callers may retry freely.
+func (a *Agent) Delete(ctx context.Context, id string) error {
+	s, err := a.lookup(id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	if s.deleting {
+		s.mu.Unlock()
+		return nil // another Delete is on it
+	}
+	s.deleting = true
+	s.view.State = api.StateStopping
+	cancel := s.cancel
+	s.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	// Destroy outlives the caller: a half-destroyed sandbox helps nobody.
+	dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer dcancel()
+	if err := s.backend.Destroy(dctx, id); err != nil {
+		s.mu.Lock()
+		s.deleting = false
+		s.view.State, s.view.Reason = api.StateFailed, "delete failed: "+err.Error()
+		s.mu.Unlock()
+		return fmt.Errorf("destroy %s: %w", id, err)
+	}
+	a.removeRecord(id)
+	a.mu.Lock()
+	if a.sandboxes[id] == s {
+		delete(a.sandboxes, id)
+		a.reserved.add(s.view.Resources, -1)
+	}
+	a.mu.Unlock()
+	a.log.Info("sandbox deleted", "sandbox", id)
+	return nil
+}
