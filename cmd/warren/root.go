@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/warrenhq/warren/client"
+	"github.com/warrenhq/warren/internal/daemon"
 )
 
 // app carries what the client verbs share: standard streams, the
@@ -30,9 +31,6 @@ const (
 	envAddr    = "WARREN_ADDR"
 	envToken   = "WARREN_TOKEN"
 	envDataDir = "WARREN_DATA_DIR"
-	// cliDataDir is where `warren up` keeps its state (and admin-token)
-	// unless WARREN_DATA_DIR says otherwise.
-	cliDataDir = "/var/lib/warren"
 )
 
 // exitError ends the process with code after whatever was already printed.
@@ -108,7 +106,7 @@ func newRootCmd(a *app) *cobra.Command {
 	}
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.addr, "addr", defAddr, "API address (env "+envAddr+")")
-	pf.StringVar(&a.token, "token", "", "bearer token (env "+envToken+"; default: the admin-token file in $"+envDataDir+" or "+cliDataDir+")")
+	pf.StringVar(&a.token, "token", "", "bearer token (env "+envToken+"; default: the admin-token file in $"+envDataDir+" or "+daemon.DefaultDataDir+")")
 
 	sandbox := &cobra.Command{Use: "sandbox", Aliases: []string{"sandboxes", "sb"}, Short: "Create, list, inspect and remove sandboxes"}
 	groupArgs(sandbox)
@@ -122,7 +120,7 @@ func newRootCmd(a *app) *cobra.Command {
 	groupArgs(node)
 	node.AddCommand(newNodeLsCmd(a))
 
-	root.AddCommand(newUpCmd(), sandbox, newExecCmd(a), newCpCmd(a), image, node)
+	root.AddCommand(newUpCmd(), newDemoCmd(a), sandbox, newExecCmd(a), newCpCmd(a), image, node)
 	return root
 }
 
@@ -157,9 +155,9 @@ func noArgs(cmd *cobra.Command, args []string) error {
 func (a *app) tokenFile() string {
 	dir := a.getenv(envDataDir)
 	if dir == "" {
-		dir = cliDataDir
+		dir = daemon.DefaultDataDir
 	}
-	return filepath.Join(dir, "admin-token")
+	return filepath.Join(dir, daemon.AdminTokenFile)
 }
 
 // client builds an API client from --addr and the first token found in

@@ -1,20 +1,51 @@
 package main
 
 import (
-	"errors"
+	"context"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/spf13/cobra"
+
+	"github.com/warrenhq/warren/internal/daemon"
 )
 
-// newUpCmd is a placeholder; the lead replaces this file with the real
-// `warren up` (apiserver + agent + embedded etcd + blob store).
 func newUpCmd() *cobra.Command {
-	return &cobra.Command{
+	cfg := daemon.UpConfig{}
+	var verbose bool
+	cmd := &cobra.Command{
 		Use:   "up",
-		Short: "Run a whole warren (apiserver, agent, etcd, blob store) in one process",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return errors.New("warren up: not yet")
+		Short: "Run a single-node warren: apiserver, node agent, embedded etcd and blob store in one process",
+		Long: `Run a single-node warren: apiserver, node agent, an embedded etcd member and a
+directory blob store in one process, with all state under --data-dir. The admin
+token is written to <data-dir>/admin-token. Sandboxes outlive this process: a
+later "warren up" on the same data dir re-adopts them.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			level := slog.LevelInfo
+			if verbose {
+				level = slog.LevelDebug
+			}
+			cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return daemon.Up(ctx, cfg)
 		},
 	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.DataDir, "data-dir", dataDirDefault(), "directory for all state (env "+envDataDir+")")
+	f.StringVar(&cfg.Listen, "listen", daemon.DefaultListen, "API listen address")
+	f.IntVar(&cfg.Limits.Sandboxes, "max-sandboxes", 0, "sandboxes this node admits (0: 1000)")
+	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
+	return cmd
+}
+
+// dataDirDefault is $WARREN_DATA_DIR, or /var/lib/warren.
+func dataDirDefault() string {
+	if d := os.Getenv(envDataDir); d != "" {
+		return d
+	}
+	return daemon.DefaultDataDir
 }

@@ -23,14 +23,15 @@ import (
 // Exec runs req in the sandbox with `runc exec`, in a fresh child cgroup
 // of the sandbox's cgroup.
 //
-// The exec is over when its main process exits, as with `docker exec`.
-// Processes it left in the background are moved into the sandbox's own
-// cgroup and keep running (an agent may start a server in one exec and
-// query it in the next); output they write to the exec's stdout or stderr
-// is read for up to Config.ExecOutputGrace after the main process exited,
-// then their pipes are closed. On timeout, or when ctx ends, every process
-// in the exec's cgroup is killed, background ones included, and the
-// sandbox keeps running.
+// The exec is over when its main process has exited. Processes it left in
+// the background that let go of its stdout and stderr (`server >log 2>&1
+// &`) are moved into the sandbox's own cgroup and keep running, so an agent
+// can start a server in one exec and use it in the next. If anything still
+// holds the output Config.ExecOutputGrace after the main process exited
+// (`sleep 100 &`), the exec's remaining processes are killed and Exec
+// returns the main process's status; `docker exec` would hang instead. On
+// timeout, or when ctx ends, every process of the exec is killed,
+// background ones included, and the sandbox keeps running.
 //
 // A command that cannot be started is reported as a shell would: exit code
 // 127 if it was not found, 126 otherwise, with runc's message on stderr. A
@@ -79,13 +80,14 @@ func (c *Container) Exec(ctx context.Context, id string, req backend.ExecRequest
 		return backend.ExecResult{}, fmt.Errorf("exec in %s: %w", id, err)
 	}
 
+	pidPath := filepath.Join(dir, name+".pid")
+	defer os.Remove(pidPath)
 	cmd := exec.Command(c.cfg.RuncPath, "--root", c.cfg.RuncRoot,
 		"--log", logPath, "--log-format", "json",
-		"exec", "--process", procPath, "--cgroup", s.cg.runcArg(name), id)
+		"exec", "--process", procPath, "--pid-file", pidPath, "--cgroup", s.cg.runcArg(name), id)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = req.Stdin, req.Stdout, req.Stderr
-	// runc passes its stdio on to the command: pipes, when the caller's
-	// reader and writers are not files. Background processes may keep
-	// them open; stop waiting for them shortly after the command exits.
+	// Go copies a Stdin that is not a file in a goroutine that Wait waits
+	// for; stop waiting for it shortly after runc exits.
 	cmd.WaitDelay = c.cfg.ExecOutputGrace
 
 	start := time.Now()
@@ -95,6 +97,18 @@ func (c *Container) Exec(ctx context.Context, id string, req backend.ExecRequest
 	}
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
+	// runc exec returns only once nothing holds the command's stdout and
+	// stderr (it copies them through pipes of its own), so it also waits
+	// for background processes that kept them. Watch the main process
+	// itself to notice when the command is really over.
+	mainExited := make(chan struct{})
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go func() {
+		if waitPidFile(watchCtx, pidPath) == nil {
+			close(mainExited)
+		}
+	}()
 
 	var timeout <-chan time.Time
 	if req.Timeout > 0 {
@@ -111,6 +125,16 @@ func (c *Container) Exec(ctx context.Context, id string, req backend.ExecRequest
 	case waitErr = <-done:
 		res.Duration = time.Since(start)
 		cleanupErr = s.cg.evacuate(cctx, name)
+	case <-mainExited:
+		res.Duration = time.Since(start)
+		select {
+		case waitErr = <-done:
+			cleanupErr = s.cg.evacuate(cctx, name)
+		case <-time.After(c.cfg.ExecOutputGrace):
+			// What is left holds the command's output: kill it, so
+			// that runc returns the main process's status.
+			waitErr, cleanupErr = c.killExec(cctx, s, name, cmd, done)
+		}
 	case <-timeout:
 		res.TimedOut = true
 		waitErr, cleanupErr = c.killExec(cctx, s, name, cmd, done)

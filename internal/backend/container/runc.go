@@ -169,21 +169,28 @@ func (p initProc) signal(sig unix.Signal) error {
 	return nil
 }
 
-// wait blocks until p exits or ctx ends. It works for processes that are
-// not the agent's children (recovered sandboxes): a pidfd becomes readable
-// when the process exits, and the runtime's poller waits on it, so many
-// waiters cost no threads.
+// wait blocks until p exits or ctx ends.
 func (p initProc) wait(ctx context.Context) error {
-	fd, err := unix.PidfdOpen(p.pid, unix.PIDFD_NONBLOCK)
+	return waitExit(ctx, p.pid, p.alive)
+}
+
+// waitExit blocks until pid exits or ctx ends. It works for processes that
+// are not the agent's children (recovered sandboxes): a pidfd becomes
+// readable when the process exits, and the runtime's poller waits on it,
+// so many waiters cost no threads. same, checked once the pidfd is open,
+// tells whether pid is still the process meant, as opposed to a recycled
+// pid; nil trusts it.
+func waitExit(ctx context.Context, pid int, same func() bool) error {
+	fd, err := unix.PidfdOpen(pid, unix.PIDFD_NONBLOCK)
 	if errors.Is(err, unix.ESRCH) {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("pidfd_open %d: %w", p.pid, err)
+		return fmt.Errorf("pidfd_open %d: %w", pid, err)
 	}
 	f := os.NewFile(uintptr(fd), "pidfd")
 	defer f.Close()
-	if !p.alive() {
+	if same != nil && !same() {
 		return nil
 	}
 	rc, err := f.SyscallConn()
@@ -201,4 +208,30 @@ func (p initProc) wait(ctx context.Context) error {
 		return ctx.Err()
 	}
 	return err
+}
+
+// waitPidFile waits for runc to write the pid file at path, then for that
+// process to exit. runc writes the file once the process runs and reaps it
+// only when it exits, so the pid is the command's until then; if it was
+// reaped and recycled before we look, we miss the exit and the caller falls
+// back on runc's own exit.
+func waitPidFile(ctx context.Context, path string) error {
+	for d := time.Millisecond; ; d = min(2*d, 50*time.Millisecond) {
+		b, err := os.ReadFile(path)
+		if err == nil {
+			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+			if err != nil || pid <= 0 {
+				return fmt.Errorf("pid file %s: %q", path, b)
+			}
+			return waitExit(ctx, pid, nil)
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(d):
+		}
+	}
 }

@@ -1,0 +1,138 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/client"
+)
+
+// newDemoCmd walks through what a sandbox offers against a running server,
+// printing each step as the CLI line that does the same. It checks every
+// answer, so it doubles as a smoke test: it exits non-zero if one is wrong.
+func newDemoCmd(a *app) *cobra.Command {
+	image := "busybox"
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "Create a sandbox, run commands and move files through it, then remove it",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return a.demo(cmd.Context(), a.client(), image)
+		},
+	}
+	cmd.Flags().StringVar(&image, "image", image, "image to start from")
+	return cmd
+}
+
+func (a *app) demo(ctx context.Context, c *client.Client, image string) error {
+	step := func(format string, args ...any) { fmt.Fprintf(a.stdout, "\n$ "+format+"\n", args...) }
+	check := func(ok bool, format string, args ...any) error {
+		if !ok {
+			return fmt.Errorf("demo: "+format, args...)
+		}
+		return nil
+	}
+
+	step("warren sandbox create --image %s --cpu 1 --memory 256Mi --ttl 30m --label task=demo", image)
+	start := time.Now()
+	sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{
+		Image:     image,
+		Resources: api.Resources{CPU: 1, Memory: 256 << 20},
+		TTL:       api.Duration(30 * time.Minute),
+		Labels:    map[string]string{"task": "demo"},
+	})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(a.stdout, "%s (%s, created in %v)\n", sb.ID, sb.State, time.Since(start).Round(time.Millisecond))
+	defer func() {
+		step("warren sandbox rm %s", sb.ID)
+		if err := c.DeleteSandbox(context.WithoutCancel(ctx), sb.ID); err != nil {
+			fmt.Fprintln(a.stderr, "warren:", err)
+			return
+		}
+		fmt.Fprintln(a.stdout, sb.ID)
+	}()
+
+	run := func(req api.ExecRequest) (*api.ExecResult, error) {
+		return c.ExecStream(ctx, sb.ID, req, a.stdout, a.stdout)
+	}
+
+	step("warren exec %s --sh 'echo hello; echo oops >&2; exit 3'", sb.ID)
+	res, err := run(api.ExecRequest{Cmd: "echo hello; echo oops >&2; exit 3"})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(a.stdout, "(exit code %d)\n", res.ExitCode)
+	if err := check(res.ExitCode == 3, "exit code %d, want 3", res.ExitCode); err != nil {
+		return err
+	}
+
+	step("warren exec %s --timeout 2s -- sleep 60", sb.ID)
+	res, err = run(api.ExecRequest{Argv: []string{"sleep", "60"}, Timeout: api.Duration(2 * time.Second)})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(a.stdout, "(timed out: %v after %dms)\n", res.TimedOut, res.DurationMs)
+	if err := check(res.TimedOut, "sleep 60 with a 2s timeout did not time out"); err != nil {
+		return err
+	}
+
+	step("warren exec %s --sh 'hostname; id; grep -E \"^(Seccomp|NoNewPrivs):\" /proc/self/status; ip -o link 2>/dev/null | cut -d: -f2'", sb.ID)
+	res, err = run(api.ExecRequest{Cmd: `hostname; id; grep -E "^(Seccomp|NoNewPrivs):" /proc/self/status; ip -o link 2>/dev/null | cut -d: -f2`})
+	if err != nil {
+		return err
+	}
+
+	local, err := os.MkdirTemp("", "warren-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(local)
+	task := filepath.Join(local, "task")
+	if err := os.MkdirAll(task, 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(task, "numbers.txt"), []byte("3\n1\n2\n"), 0o644); err != nil {
+		return err
+	}
+	step("warren cp %s %s:/work", task, sb.ID)
+	if err := c.CopyTo(ctx, sb.ID, task, "/work"); err != nil {
+		return err
+	}
+
+	step("warren exec %s -w /work --sh 'sort -n numbers.txt > out.txt && ls -l'", sb.ID)
+	if _, err := run(api.ExecRequest{Cmd: "sort -n numbers.txt > out.txt && ls -l", Cwd: "/work"}); err != nil {
+		return err
+	}
+
+	step("warren cp %s:/work/out.txt %s", sb.ID, local)
+	if err := c.CopyFrom(ctx, sb.ID, "/work/out.txt", local); err != nil {
+		return err
+	}
+	out, err := os.ReadFile(filepath.Join(local, "out.txt"))
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(a.stdout, "%s", out)
+	if err := check(string(out) == "1\n2\n3\n", "out.txt = %q, want the sorted numbers", out); err != nil {
+		return err
+	}
+
+	step("warren sandbox ls --label task=demo")
+	list, err := c.ListSandboxes(ctx, client.ListOptions{Labels: map[string]string{"task": "demo"}})
+	if err != nil {
+		return err
+	}
+	for _, s := range list {
+		fmt.Fprintf(a.stdout, "%s  %s  %s  %s\n", s.ID, s.Image, s.State, strings.TrimSpace(fmt.Sprint(s.Labels)))
+	}
+	return nil
+}
