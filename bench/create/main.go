@@ -281,8 +281,19 @@ func (r *rawRunc) create(ctx context.Context) (func(), error) {
 	if err := r.writeSpec(b, id); err != nil {
 		return nil, err
 	}
+	// The detached container inherits runc's stdio, so a pipe here would
+	// never reach EOF: runc's errors go to a file instead.
+	errFile := filepath.Join(b, "runc.err")
+	ef, err := os.Create(errFile)
+	if err != nil {
+		return nil, err
+	}
 	cmd := exec.CommandContext(ctx, "runc", "--root", filepath.Join(r.dir, "runc"), "run", "-d", "--bundle", b, id)
-	if out, err := cmd.CombinedOutput(); err != nil {
+	cmd.Stdout, cmd.Stderr = ef, ef
+	err = cmd.Run()
+	ef.Close()
+	if err != nil {
+		out, _ := os.ReadFile(errFile)
 		return nil, fmt.Errorf("runc run: %v: %s", err, out)
 	}
 	return func() {

@@ -42,6 +42,9 @@ func TestHarden(t *testing.T) {
 	if sc == nil || sc.DefaultAction != specs.ActErrno || len(sc.Syscalls) < 10 {
 		t.Fatalf("seccomp = %+v, want the default profile", sc)
 	}
+	if len(sc.Architectures) != 1 {
+		t.Errorf("architectures = %v, want the native one only", sc.Architectures)
+	}
 	// mount is allowed only with CAP_SYS_ADMIN, which we do not grant.
 	for _, s := range sc.Syscalls {
 		if s.Action == specs.ActAllow && slices.Contains(s.Names, "mount") {

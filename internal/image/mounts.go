@@ -92,7 +92,12 @@ func (m *Mounts) Acquire(ctx context.Context, layer backend.Layer) (string, erro
 	lm.mu.Lock()
 	defer lm.mu.Unlock()
 	if lm.mounted {
-		return target, nil
+		// Two stats: guards against the mount having been taken away
+		// behind our back (by hand, or by another process's Prune).
+		if ok, err := isMountpoint(target); err == nil && ok {
+			return target, nil
+		}
+		lm.mounted = false
 	}
 	if err := mountLayer(layer.Path, target); err != nil {
 		m.mu.Lock()

@@ -36,11 +36,15 @@ import (
 	"github.com/warrenhq/warren/internal/backend"
 )
 
-// Open resolves path inside root and opens it with flags (unix.O_*;
-// O_CLOEXEC is added). A final symlink is followed in-root unless flags has
-// O_NOFOLLOW. Use O_PATH for anything that may not be a regular file or a
-// directory: opening a fifo for reading blocks.
+// Open resolves path inside root and opens the existing entry there with
+// flags (unix.O_*; O_CLOEXEC is added). A final symlink is followed in-root
+// unless flags has O_NOFOLLOW. Use O_PATH for anything that may not be a
+// regular file or a directory: opening a fifo for reading blocks. Creating
+// (O_CREAT, O_TMPFILE) is ErrInvalid: use WriteFile or WriteTar.
 func Open(root, path string, flags int) (*os.File, error) {
+	if flags&unix.O_CREAT != 0 || flags&unix.O_TMPFILE == unix.O_TMPFILE {
+		return nil, invalid("open", display(clean(path)), "Open does not create files")
+	}
 	rt, err := openRoot(root)
 	if err != nil {
 		return nil, err

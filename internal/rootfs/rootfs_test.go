@@ -260,3 +260,12 @@ func TestOpen(t *testing.T) {
 		t.Errorf("Open with a missing root: got %v, want ErrNotFound", err)
 	}
 }
+
+func TestOpenRefusesCreate(t *testing.T) {
+	s := newSandbox(t)
+	for _, flags := range []int{unix.O_CREAT | unix.O_WRONLY, unix.O_TMPFILE | unix.O_RDWR} {
+		if _, err := Open(s.root, "/new", flags); !errors.Is(err, invalidK) {
+			t.Errorf("Open(flags %#x): got %v, want ErrInvalid", flags, err)
+		}
+	}
+}

@@ -32,6 +32,7 @@ func (s *suite) testLimits(t *testing.T) {
 		out := s.sh(t, id, "head -c 268435456 /dev/zero | sort >/dev/null; echo exit=$?", func(r *backend.ExecRequest) {
 			r.Timeout = time.Minute
 		})
+		t.Logf("balloon: %s", trim(out.stdout))
 		if out.TimedOut || trim(out.stdout) == "exit=0" {
 			t.Errorf("a 256 MiB balloon under a 64 MiB limit: got %q, TimedOut %v; want it killed", out.stdout, out.TimedOut)
 		}
@@ -48,6 +49,7 @@ func (s *suite) testLimits(t *testing.T) {
 		script := fmt.Sprintf("i=0; while [ $i -lt %d ]; do sleep 30 </dev/null >/dev/null 2>&1 & echo $!; i=$((i+1)); done", tries)
 		out := s.sh(t, id, script, func(r *backend.ExecRequest) { r.Timeout = 30 * time.Second })
 		started := len(slices.Compact(slices.Sorted(slices.Values(strings.Fields(out.stdout)))))
+		t.Logf("fork bomb started %d of %d processes", started, tries)
 		if started > limit {
 			t.Errorf("fork bomb under a %d pids limit started %d processes, want < %d", limit, started, limit)
 		}

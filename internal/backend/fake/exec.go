@@ -30,7 +30,9 @@ const outputGrace = 2 * time.Second
 
 // Exec runs req.Argv as a host process in the sandbox's root, cwd resolved
 // in-root (default spec.Workdir, then "/"), with env spec.Env + req.Env
-// and PATH searched on the host. It is not confined in any way.
+// and PATH searched on the host (default PATH if the env has none), plus
+// WARREN_FAKE_ROOT, by which Stop, Destroy and Processes find every
+// process it starts. It is not confined in any way.
 //
 // The command gets its own process group; on timeout or when ctx ends the
 // whole group is killed. A timed-out exec returns TimedOut with exit code

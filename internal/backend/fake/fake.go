@@ -239,19 +239,21 @@ func (b *Backend) Stop(ctx context.Context, id string, grace time.Duration) erro
 	killAll(ctx, x.root(), grace)
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.stopped(x, "stopped")
-}
-
-// stopped moves x to the stopped state and wakes its waiters. b.mu is held.
-func (b *Backend) stopped(x *box, reason string) error {
-	if x.st.State == backend.StateStopped {
+	if !x.stop("stopped") {
 		return nil
 	}
-	st := x.st
-	st.State, st.Reason = backend.StateStopped, reason
-	x.st = st
+	return save(x.dir, x.st)
+}
+
+// stop moves x to the stopped state and wakes its waiters; false if it
+// was stopped already. Backend.mu is held.
+func (x *box) stop(reason string) bool {
+	if x.st.State == backend.StateStopped {
+		return false
+	}
+	x.st.State, x.st.Reason = backend.StateStopped, reason
 	close(x.done)
-	return save(x.dir, st)
+	return true
 }
 
 // Destroy kills the sandbox's processes and removes its directory, also
@@ -265,9 +267,7 @@ func (b *Backend) Destroy(ctx context.Context, id string) error {
 	x := b.boxes[id]
 	if x != nil && x.ready {
 		delete(b.boxes, id)
-		x.st.State = backend.StateStopped
-		x.st.Reason = "destroyed"
-		close(x.done)
+		x.stop("destroyed")
 	}
 	b.mu.Unlock()
 	if x != nil && !x.ready {
