@@ -79,6 +79,7 @@ type Container struct {
 	sandboxDir string // <StateDir>/sandboxes
 	noSwapCtl  bool   // cgroup v1 without swap accounting: cannot set memsw
 	rlimits    []specs.POSIXRlimit
+	runcEnv    []string
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
@@ -143,6 +144,7 @@ func New(cfg Config) (*Container, error) {
 	}
 	c.noSwapCtl = cgroupV1WithoutSwap()
 	c.rlimits = sandboxRlimits()
+	c.runcEnv = runcEnv()
 	return c, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -24,14 +25,14 @@ import (
 // of the sandbox's cgroup.
 //
 // The exec is over when its main process has exited. Processes it left in
-// the background that let go of its stdout and stderr (`server >log 2>&1
-// &`) are moved into the sandbox's own cgroup and keep running, so an agent
-// can start a server in one exec and use it in the next. If anything still
-// holds the output Config.ExecOutputGrace after the main process exited
-// (`sleep 100 &`), the exec's remaining processes are killed and Exec
-// returns the main process's status; `docker exec` would hang instead. On
-// timeout, or when ctx ends, every process of the exec is killed,
-// background ones included, and the sandbox keeps running.
+// the background live on in the sandbox (moved to its own cgroup), so an
+// agent can start a server in one exec and use it in the next, unless they
+// still hold the exec's stdout or stderr Config.ExecOutputGrace after the
+// main process exited (`sleep 100 &` rather than `server >log 2>&1 &`):
+// those are killed, so that Exec returns instead of waiting for them as
+// `docker exec` would. On timeout, or when ctx ends, every process of the
+// exec is killed, background ones included, and the sandbox keeps
+// running.
 //
 // A command that cannot be started is reported as a shell would: exit code
 // 127 if it was not found, 126 otherwise, with runc's message on stderr. A
@@ -85,6 +86,7 @@ func (c *Container) Exec(ctx context.Context, id string, req backend.ExecRequest
 	cmd := exec.Command(c.cfg.RuncPath, "--root", c.cfg.RuncRoot,
 		"--log", logPath, "--log-format", "json",
 		"exec", "--process", procPath, "--pid-file", pidPath, "--cgroup", s.cg.runcArg(name), id)
+	cmd.Env = c.runcEnv
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = req.Stdin, req.Stdout, req.Stderr
 	// Go copies a Stdin that is not a file in a goroutine that Wait waits
 	// for; stop waiting for it shortly after runc exits.
@@ -131,9 +133,13 @@ func (c *Container) Exec(ctx context.Context, id string, req backend.ExecRequest
 		case waitErr = <-done:
 			cleanupErr = s.cg.evacuate(cctx, name)
 		case <-time.After(c.cfg.ExecOutputGrace):
-			// What is left holds the command's output: kill it, so
-			// that runc returns the main process's status.
-			waitErr, cleanupErr = c.killExec(cctx, s, name, cmd, done)
+			// Something left behind holds the command's output: kill
+			// what does, so that runc returns the main process's
+			// status, and let the rest live on.
+			waitErr, cleanupErr = c.killHolders(cctx, s, name, cmd, done)
+			if cleanupErr == nil {
+				cleanupErr = s.cg.evacuate(cctx, name)
+			}
 		}
 	case <-timeout:
 		res.TimedOut = true
@@ -195,6 +201,57 @@ func (c *Container) killExec(ctx context.Context, s *sandbox, name string, cmd *
 		}
 	}
 	return waitErr, s.cg.kill(ctx, name)
+}
+
+// killHolders kills the processes in the exec's cgroup that hold one of
+// the pipes runc copies the command's stdio through, until runc exec has
+// returned.
+func (c *Container) killHolders(ctx context.Context, s *sandbox, name string, cmd *exec.Cmd, done <-chan error) (error, error) {
+	// runc's fds 0-2 are ours; the pipes it made for the command are
+	// among the others.
+	pipes := pipesOf(cmd.Process.Pid, 3)
+	for {
+		pids, err := s.cg.procs(name)
+		if err != nil {
+			return nil, err
+		}
+		for _, pid := range pids {
+			for p := range pipesOf(pid, 0) {
+				if pipes[p] {
+					unix.Kill(pid, unix.SIGKILL)
+					break
+				}
+			}
+		}
+		select {
+		case waitErr := <-done:
+			return waitErr, nil
+		case <-time.After(10 * time.Millisecond):
+		case <-ctx.Done():
+			cmd.Process.Kill()
+			return <-done, ctx.Err()
+		}
+	}
+}
+
+// pipesOf returns the pipes ("pipe:[inode]") open in process pid at file
+// descriptors from minFd up.
+func pipesOf(pid, minFd int) map[string]bool {
+	dir := "/proc/" + strconv.Itoa(pid) + "/fd"
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil
+	}
+	pipes := make(map[string]bool)
+	for _, e := range entries {
+		if fd, err := strconv.Atoi(e.Name()); err != nil || fd < minFd {
+			continue
+		}
+		if l, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && strings.HasPrefix(l, "pipe:") {
+			pipes[l] = true
+		}
+	}
+	return pipes
 }
 
 // execFailure turns an error runc logged for an exec into a result or an

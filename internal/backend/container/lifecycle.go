@@ -63,7 +63,7 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 		}
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
-	undo = append(undo, func() error { return os.RemoveAll(dir) })
+	undo = append(undo, func() error { return c.removeDir(id) })
 	upper, work, root := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "rootfs")
 	for _, d := range []string{upper, work, root} {
 		if err := os.Mkdir(d, 0o755); err != nil {
@@ -309,10 +309,11 @@ func (c *Container) Stop(ctx context.Context, id string, grace time.Duration) er
 // Destroy kills the sandbox and removes everything it holds: processes,
 // exec cgroups, runc's state and cgroups, the overlay mount, its layer
 // references and its directory. It works on sandboxes of an earlier
-// process that were never recovered, and an unknown id is not an error.
+// process that were never recovered (their layer mounts are then left to
+// image.Mounts.Prune), and an unknown id is not an error.
 func (c *Container) Destroy(ctx context.Context, id string) error {
-	if err := validID(id); err != nil {
-		return err
+	if validID(id) != nil {
+		return nil // no sandbox can have it, and it must not reach a path
 	}
 	c.mu.Lock()
 	s := c.sandboxes[id]
@@ -335,13 +336,7 @@ func (c *Container) Destroy(ctx context.Context, id string) error {
 			errs = append(errs, err)
 		}
 	}
-	// Never recurse into a root that is still mounted: it would delete
-	// through the overlay.
-	if isMount, err := isMountpoint(root); err != nil && !errors.Is(err, os.ErrNotExist) {
-		errs = append(errs, err)
-	} else if isMount {
-		errs = append(errs, fmt.Errorf("%s is still mounted", root))
-	} else if err := os.RemoveAll(c.dir(id)); err != nil {
+	if err := c.removeDir(id); err != nil {
 		errs = append(errs, err)
 	}
 	if len(errs) > 0 {
@@ -355,6 +350,18 @@ func (c *Container) Destroy(ctx context.Context, id string) error {
 		c.mu.Unlock()
 	}
 	return nil
+}
+
+// removeDir removes the sandbox's directory, but never while its root is
+// still mounted: that would delete through the overlay.
+func (c *Container) removeDir(id string) error {
+	root := c.rootDir(id)
+	if mounted, err := isMountpoint(root); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	} else if mounted {
+		return fmt.Errorf("%s is still mounted", root)
+	}
+	return os.RemoveAll(c.dir(id))
 }
 
 // deleteRuntime kills the container if it runs and removes its runc state
@@ -390,8 +397,8 @@ func (c *Container) deleteRuntime(ctx context.Context, id string, s *sandbox) er
 	if err := c.runc(ctx, "delete", "--force", id); err != nil && exists(filepath.Join(c.cfg.RuncRoot, id)) {
 		errs = append(errs, err)
 	}
-	// runc 1.1 skips hierarchies it does not manage (such as a v1 named
-	// hierarchy it joined); remove whatever is left.
+	// runc gives up on a cgroup that stays busy for a while; whatever it
+	// left, try once more.
 	if err := removeCgroups(st.CgroupPaths); err != nil {
 		errs = append(errs, err)
 	}

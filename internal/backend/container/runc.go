@@ -24,6 +24,7 @@ import (
 // returns its error message on failure.
 func (c *Container) runc(ctx context.Context, args ...string) error {
 	cmd := exec.CommandContext(ctx, c.cfg.RuncPath, append([]string{"--root", c.cfg.RuncRoot}, args...)...)
+	cmd.Env = c.runcEnv
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Run(); err != nil {
@@ -46,6 +47,7 @@ func (c *Container) runcCreate(ctx context.Context, id, bundle string) error {
 	cmd := exec.CommandContext(ctx, c.cfg.RuncPath, "--root", c.cfg.RuncRoot,
 		"--log", logPath, "--log-format", "json",
 		"create", "--bundle", bundle, id)
+	cmd.Env = c.runcEnv
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Run(); err != nil {
 		if msg := lastRuncError(logPath); msg != "" {
@@ -54,6 +56,22 @@ func (c *Container) runcCreate(ctx context.Context, id, bundle string) error {
 		return fmt.Errorf("runc create: %w", err)
 	}
 	return nil
+}
+
+// runcEnv is the agent's environment without the variables through which
+// runc would hand the agent's systemd notification socket or its
+// socket-activated listeners to sandboxes.
+func runcEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		switch k {
+		case "NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES":
+			continue
+		}
+		env = append(env, kv)
+	}
+	return env
 }
 
 // lastRuncError returns the message of the last error runc logged (JSON
@@ -171,6 +189,9 @@ func (p initProc) signal(sig unix.Signal) error {
 
 // wait blocks until p exits or ctx ends.
 func (p initProc) wait(ctx context.Context) error {
+	if p.pid <= 0 {
+		return nil // never had one
+	}
 	return waitExit(ctx, p.pid, p.alive)
 }
 
