@@ -15,6 +15,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/apiserver"
+	"github.com/warrenhq/warren/internal/image/imagetest"
 	"github.com/warrenhq/warren/internal/node"
 	"github.com/warrenhq/warren/internal/node/nodetest"
 )
@@ -30,7 +31,7 @@ func newHarness(t *testing.T, mod func(*node.Config)) *harness {
 	agent := nodetest.New(t, mod)
 	srv := httptest.NewServer(apiserver.New(apiserver.Config{
 		Node:   agent,
-		Images: nodetest.DefaultImages,
+		Images: imagetest.Busybox,
 		Tokens: apiserver.StaticToken(token),
 		Log:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}))

@@ -216,7 +216,10 @@ func syncDir(dir string) error {
 	return f.Sync()
 }
 
-// ctxReader stops a long copy when ctx ends.
+// ContextReader returns a reader that fails with ctx's error once ctx ends,
+// so a long copy from r stops between reads.
+func ContextReader(ctx context.Context, r io.Reader) io.Reader { return ctxReader{ctx, r} }
+
 type ctxReader struct {
 	ctx context.Context
 	r   io.Reader

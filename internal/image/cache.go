@@ -158,7 +158,7 @@ func (c *Cache) download(ctx context.Context, digest, path string) error {
 	}
 	defer os.Remove(tmp.Name()) // a no-op after the rename
 	defer tmp.Close()
-	src := blob.Verify(ctxReader{ctx, rc}, digest)
+	src := blob.Verify(blob.ContextReader(ctx, rc), digest)
 	if _, err := io.CopyBuffer(tmp, src, make([]byte, 1<<20)); err != nil {
 		return err
 	}
@@ -210,15 +210,3 @@ func (c *Cache) List() ([]string, error) {
 	return out, nil
 }
 
-// ctxReader stops a long copy when ctx ends.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
-}

@@ -16,28 +16,8 @@ import (
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/backend/fake"
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/image/imagetest"
 )
-
-type images map[string]api.Image
-
-func (m images) Get(_ context.Context, name string) (api.Image, error) {
-	img, ok := m[name]
-	if !ok {
-		return api.Image{}, errdefs.New(errdefs.ErrNotFound, api.CodeImageNotFound, "image %q not found", name)
-	}
-	return img, nil
-}
-
-type layers struct{}
-
-func (layers) Fetch(_ context.Context, d string) (backend.Layer, error) {
-	return backend.Layer{Digest: d}, nil
-}
-
-type env struct {
-	dir   string
-	agent *Agent
-}
 
 // newAgent starts an agent over a fake backend named "container" in dir.
 func newAgent(t *testing.T, dir string, mod func(*Config)) *Agent {
@@ -50,8 +30,8 @@ func newAgent(t *testing.T, dir string, mod func(*Config)) *Agent {
 		ID:           "n1",
 		StateDir:     filepath.Join(dir, "state"),
 		Backends:     []backend.Backend{b},
-		Images:       images{"busybox": {Name: "busybox", Layers: []string{"sha256:aa"}}},
-		Layers:       layers{},
+		Images:       imagetest.Busybox,
+		Layers:       imagetest.NoLayers{},
 		ReapInterval: 20 * time.Millisecond,
 		Log:          slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}

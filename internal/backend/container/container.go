@@ -66,9 +66,10 @@ type Config struct {
 	// InitPath is the static catatonit binary run as every sandbox's pid
 	// 1. Default "catatonit" from PATH.
 	InitPath string
-	// ExecOutputGrace bounds how long Exec keeps reading output after the
-	// command exited while processes it left in the background still hold
-	// its stdout or stderr. Default 100ms.
+	// ExecOutputGrace is how long Exec waits, after the command's main
+	// process exited, for the processes it left in the background to let
+	// go of its stdout and stderr before it kills those that did not.
+	// Default 100ms.
 	ExecOutputGrace time.Duration
 }
 

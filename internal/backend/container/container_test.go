@@ -341,18 +341,25 @@ func TestExecBackground(t *testing.T) {
 	h.start(h.spec("bg-1"))
 
 	// A background child holding stdout does not make Exec hang: it is
-	// killed shortly after the main process exits.
+	// killed shortly after the main process exits. One started alongside
+	// that let go of the output is left alone.
 	start := time.Now()
-	out := h.exec("bg-1", backend.ExecRequest{Argv: []string{"sh", "-c", "sleep 100 & echo $!; exit 4"}})
+	out := h.exec("bg-1", backend.ExecRequest{Argv: []string{"sh", "-c", "sleep 101 >/dev/null 2>&1 & echo $!; sleep 100 & echo $!; exit 4"}})
 	if d := time.Since(start); d > 3*time.Second {
 		t.Errorf("exec with a background child holding stdout took %v", d)
 	}
 	if out.res.ExitCode != 4 || out.res.TimedOut {
 		t.Errorf("got %+v, want the main process's exit code", out.res)
 	}
-	pid := strings.TrimSpace(out.stdout)
-	if got := h.sh("bg-1", "cat /proc/"+pid+"/comm 2>/dev/null || echo gone"); got != "gone" {
+	pids := strings.Fields(out.stdout)
+	if len(pids) != 2 {
+		t.Fatalf("stdout %q, want two pids", out.stdout)
+	}
+	if got := h.sh("bg-1", "cat /proc/"+pids[1]+"/comm 2>/dev/null || echo gone"); got != "gone" {
 		t.Errorf("background child holding stdout: %q, want killed", got)
+	}
+	if got := h.sh("bg-1", "cat /proc/"+pids[0]+"/comm 2>/dev/null || echo gone"); got != "sleep" {
+		t.Errorf("detached background child: %q, want alive", got)
 	}
 
 	// One that let go of the output lives on, outside any exec cgroup,
@@ -362,12 +369,14 @@ func TestExecBackground(t *testing.T) {
 	if d := time.Since(start); d > 3*time.Second {
 		t.Errorf("exec with a detached background child took %v", d)
 	}
-	pid = strings.TrimSpace(out.stdout)
+	pid := strings.TrimSpace(out.stdout)
 	if got := h.sh("bg-1", "cat /proc/"+pid+"/comm"); got != "sleep" {
 		t.Errorf("detached background process: %q", got)
 	}
-	if got := h.sh("bg-1", "cat /proc/"+pid+"/cgroup"); strings.Contains(got, execPrefix) {
-		t.Errorf("background process still in an exec cgroup: %s", got)
+	for _, p := range []string{pid, pids[0]} {
+		if got := h.sh("bg-1", "cat /proc/"+p+"/cgroup"); strings.Contains(got, execPrefix) {
+			t.Errorf("background process still in an exec cgroup: %s", got)
+		}
 	}
 	if subs, _ := h.c.sandboxes["bg-1"].cg.subs(); len(subs) != 0 {
 		t.Errorf("exec cgroups left: %v", subs)

@@ -13,41 +13,9 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/backend/fake"
-	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/image/imagetest"
 	"github.com/warrenhq/warren/internal/node"
 )
-
-// Images is a fixed set of images.
-type Images map[string]api.Image
-
-// Get implements node.Images.
-func (m Images) Get(_ context.Context, name string) (api.Image, error) {
-	img, ok := m[name]
-	if !ok {
-		return api.Image{}, errdefs.New(errdefs.ErrNotFound, api.CodeImageNotFound, "image %q not found", name)
-	}
-	return img, nil
-}
-
-// List returns the images.
-func (m Images) List(context.Context) ([]api.Image, error) {
-	out := []api.Image{}
-	for _, img := range m {
-		out = append(out, img)
-	}
-	return out, nil
-}
-
-// Layers pretends every layer is on local disk.
-type Layers struct{}
-
-// Fetch implements node.Layers.
-func (Layers) Fetch(_ context.Context, d string) (backend.Layer, error) {
-	return backend.Layer{Digest: d}, nil
-}
-
-// DefaultImages has a "busybox" image with one made-up layer.
-var DefaultImages = Images{"busybox": {Name: "busybox", Layers: []string{"sha256:0000000000000000000000000000000000000000000000000000000000000000"}}}
 
 // New starts an agent with id "n1" over a fake backend that stands in for
 // "container", keeping its state under a test temp dir. mod may change the
@@ -63,8 +31,8 @@ func New(t testing.TB, mod func(*node.Config)) *node.Agent {
 		ID:           "n1",
 		StateDir:     filepath.Join(dir, "state"),
 		Backends:     []backend.Backend{b},
-		Images:       DefaultImages,
-		Layers:       Layers{},
+		Images:       imagetest.Busybox,
+		Layers:       imagetest.NoLayers{},
 		ReapInterval: 50 * time.Millisecond,
 		Log:          slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}
