@@ -23,11 +23,12 @@ import (
 const token = "s3cret"
 
 type harness struct {
-	t   *testing.T
-	url string
+	t       testing.TB
+	url     string
+	probeID string
 }
 
-func newHarness(t *testing.T, mod func(*node.Config)) *harness {
+func newHarness(t testing.TB, mod func(*node.Config)) *harness {
 	agent := nodetest.New(t, mod)
 	srv := httptest.NewServer(apiserver.New(apiserver.Config{
 		Node:   agent,
@@ -79,7 +80,7 @@ func (h *harness) create(body string) api.Sandbox {
 	return sb
 }
 
-func errorCode(t *testing.T, b []byte) string {
+func errorCode(t testing.TB, b []byte) string {
 	t.Helper()
 	var e api.ErrorBody
 	if err := json.Unmarshal(b, &e); err != nil {
