@@ -209,4 +209,3 @@ func (c *Cache) List() ([]string, error) {
 	sort.Strings(out)
 	return out, nil
 }
-

@@ -323,10 +323,12 @@ func (c *Container) Destroy(ctx context.Context, id string) error {
 		defer s.mu.Unlock()
 	}
 
-	var errs []error
+	// Keep the rest if the container could not be removed: its processes
+	// may still use the root, and a retry needs the same state.
 	if err := c.deleteRuntime(ctx, id, s); err != nil {
-		errs = append(errs, err)
+		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
+	var errs []error
 	root := c.rootDir(id)
 	if err := unmountAll(root); err != nil {
 		errs = append(errs, err)

@@ -1,0 +1,111 @@
+package container
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/internal/testutil"
+)
+
+// TestExecCgroupModes drives execCgroup on both cgroup versions with host
+// processes: the v1 freezer hierarchy and, where mounted (a v2 host, or
+// the unified hierarchy of a hybrid one), cgroup v2.
+func TestExecCgroupModes(t *testing.T) {
+	testutil.RequireRoot(t)
+	modes := map[string]execCgroup{}
+	if exists("/sys/fs/cgroup/cgroup.kill") || exists("/sys/fs/cgroup/cgroup.controllers") {
+		modes["v2"] = execCgroup{v2: true, base: "/sys/fs/cgroup"}
+	} else if exists("/sys/fs/cgroup/unified/cgroup.procs") {
+		modes["v2"] = execCgroup{v2: true, base: "/sys/fs/cgroup/unified"}
+	}
+	if exists("/sys/fs/cgroup/freezer/freezer.state") || exists("/sys/fs/cgroup/freezer/cgroup.procs") {
+		modes["v1"] = execCgroup{base: "/sys/fs/cgroup/freezer"}
+	}
+	if len(modes) == 0 {
+		testutil.Unavailable(t, "no cgroup hierarchy to test")
+	}
+	for name, root := range modes {
+		t.Run(name, func(t *testing.T) {
+			base := filepath.Join(root.base, "warren-test-"+randomHex(4))
+			if err := os.Mkdir(base, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.Remove(base) })
+			cg := execCgroup{v2: root.v2, base: base}
+			ctx := context.Background()
+
+			// start runs a shell that forks two sleeps once it is in sub.
+			start := func(sub string) *exec.Cmd {
+				if err := cg.create(sub); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { cg.kill(ctx, sub); cg.remove(sub) })
+				cmd := exec.Command("sh", "-c", "sleep 0.3; sleep 100 & sleep 100 & wait")
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				go cmd.Wait() // reap
+				if err := os.WriteFile(filepath.Join(cg.path(sub), "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
+					t.Fatal(err)
+				}
+				deadline := time.Now().Add(5 * time.Second)
+				for {
+					pids, _ := cg.procs(sub)
+					if len(pids) == 3 {
+						return cmd
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("procs in %s: %v, want 3", sub, pids)
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+			}
+
+			sub := execPrefix + "kill"
+			start(sub)
+			if err := cg.kill(ctx, sub); err != nil {
+				t.Fatal(err)
+			}
+			if pids, _ := cg.procs(sub); len(pids) != 0 {
+				t.Errorf("after kill: %v", pids)
+			}
+			if err := cg.remove(sub); err != nil {
+				t.Fatal(err)
+			}
+
+			sub = execPrefix + "evac"
+			start(sub)
+			if err := cg.evacuate(ctx, sub); err != nil {
+				t.Fatal(err)
+			}
+			moved, _ := cg.procs(".")
+			if len(moved) != 3 {
+				t.Errorf("moved to the parent: %v, want 3", moved)
+			}
+			if err := cg.remove(sub); err != nil {
+				t.Fatal(err)
+			}
+			// Leave nothing: move them back to be killed.
+			if err := os.Mkdir(cg.path(sub), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			for _, pid := range moved {
+				os.WriteFile(filepath.Join(cg.path(sub), "cgroup.procs"), []byte(strconv.Itoa(pid)), 0)
+			}
+			if err := cg.cleanup(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if subs, _ := cg.subs(); len(subs) != 0 {
+				t.Errorf("subs left: %v", subs)
+			}
+			if pids, _ := cg.procs("."); len(pids) != 0 {
+				t.Errorf("left in base: %v", pids)
+			}
+		})
+	}
+}
