@@ -94,61 +94,77 @@ func run(n, conc, rounds int, keep bool) error {
 	if err != nil {
 		return err
 	}
+	// The hardened peer runs warren's own OCI spec (seccomp, masked paths,
+	// catatonit as init): the gap to it is the platform's bookkeeping alone.
+	probe, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Image: "busybox"})
+	if err != nil {
+		return err
+	}
+	hardened, err := os.ReadFile(filepath.Join(dir, "warren", "node", "container", "sandboxes", probe.ID, "config.json"))
+	if err != nil {
+		return fmt.Errorf("read warren's OCI spec: %w", err)
+	}
+	if err := c.DeleteSandbox(ctx, probe.ID); err != nil {
+		return err
+	}
 	raw, err := newRawRunc(filepath.Join(dir, "raw"), layer.Path)
 	if err != nil {
 		return err
 	}
 	defer raw.close()
 
-	warren := func(ctx context.Context) (func(), error) {
-		sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Image: "busybox",
-			Resources: api.Resources{CPU: 0.1, Memory: 64 << 20}})
-		if err != nil {
-			return nil, err
-		}
-		return func() { c.DeleteSandbox(context.Background(), sb.ID) }, nil
+	peers := []struct {
+		name   string
+		create func(context.Context) (func(), error)
+	}{
+		{"warren", func(ctx context.Context) (func(), error) {
+			sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Image: "busybox",
+				Resources: api.Resources{CPU: 0.1, Memory: 64 << 20}})
+			if err != nil {
+				return nil, err
+			}
+			return func() { c.DeleteSandbox(context.Background(), sb.ID) }, nil
+		}},
+		{"runc", func(ctx context.Context) (func(), error) { return raw.create(ctx, raw.defaultSpec) }},
+		{"runc+hardened", func(ctx context.Context) (func(), error) { return raw.create(ctx, hardened) }},
 	}
 
 	fmt.Printf("bench/create: n=%d per mode, %d concurrent clients, %d rounds, %s\n", n, conc, rounds, time.Now().UTC().Format(time.RFC3339))
+	fmt.Printf("peers: warren = REST API -> agent -> container backend; runc = overlay + `runc run -d` with runc's default spec;\n" +
+		"       runc+hardened = the same with warren's OCI spec (seccomp, masked paths, catatonit init)\n")
+	modes := []struct {
+		name string
+		c    int
+	}{{"seq", 1}, {fmt.Sprintf("c%d", conc), conc}}
 	results := map[string][]stats{}
 	for r := 0; r < rounds; r++ {
-		for _, m := range []struct {
-			name string
-			c    int
-		}{{"seq", 1}, {fmt.Sprintf("c%d", conc), conc}} {
-			// Alternate who goes first so drift favours neither.
-			order := []string{"warren", "runc"}
-			if r%2 == 1 {
-				order = []string{"runc", "warren"}
-			}
-			for _, who := range order {
-				f := warren
-				if who == "runc" {
-					f = raw.create
-				}
-				s, err := measure(ctx, n, m.c, f)
+		for _, m := range modes {
+			// Rotate who goes first so drift favours nobody.
+			for i := range peers {
+				p := peers[(i+r)%len(peers)]
+				s, err := measure(ctx, n, m.c, p.create)
 				if err != nil {
-					return fmt.Errorf("%s %s: %w", who, m.name, err)
+					return fmt.Errorf("%s %s: %w", p.name, m.name, err)
 				}
-				results[who+" "+m.name] = append(results[who+" "+m.name], s)
+				results[p.name+" "+m.name] = append(results[p.name+" "+m.name], s)
 			}
 		}
 	}
-	for _, m := range []string{"seq", fmt.Sprintf("c%d", conc)} {
-		w, rr := results["warren "+m], results["runc "+m]
-		fmt.Printf("\n%-4s %-8s %14s %12s %12s\n", m, "", "creates/s", "p50", "p99")
-		for _, row := range []struct {
-			name string
-			s    []stats
-		}{{"warren", w}, {"runc", rr}} {
-			fmt.Printf("     %-8s %14s %12s %12s\n", row.name,
-				spread(row.s, func(s stats) float64 { return s.rate }, "%.1f"),
-				spread(row.s, func(s stats) float64 { return ms(s.p50) }, "%.0fms"),
-				spread(row.s, func(s stats) float64 { return ms(s.p99) }, "%.0fms"))
+	rate := func(s stats) float64 { return s.rate }
+	p99 := func(s stats) float64 { return ms(s.p99) }
+	for _, m := range modes {
+		fmt.Printf("\n%-4s %-14s %18s %18s %18s\n", m.name, "", "creates/s", "p50", "p99")
+		for _, p := range peers {
+			ss := results[p.name+" "+m.name]
+			fmt.Printf("     %-14s %18s %18s %18s\n", p.name, spread(ss, rate, "%.1f"),
+				spread(ss, func(s stats) float64 { return ms(s.p50) }, "%.0fms"), spread(ss, p99, "%.0fms"))
 		}
-		fmt.Printf("     ratio    throughput warren/runc = %.2fx (target >= 0.8)   p99 warren/runc = %.2fx (target <= 2)\n",
-			median(w, func(s stats) float64 { return s.rate })/median(rr, func(s stats) float64 { return s.rate }),
-			median(w, func(s stats) float64 { return ms(s.p99) })/median(rr, func(s stats) float64 { return ms(s.p99) }))
+		w := results["warren "+m.name]
+		for _, peer := range []string{"runc", "runc+hardened"} {
+			rr := results[peer+" "+m.name]
+			fmt.Printf("     warren/%-14s throughput %.2fx (target >= 0.8)   p99 %.2fx (target <= 2)\n", peer,
+				median(w, rate)/median(rr, rate), median(w, p99)/median(rr, p99))
+		}
 	}
 	return nil
 }
@@ -233,10 +249,10 @@ func measure(ctx context.Context, n, c int, create func(context.Context) (func()
 // rawRunc creates plain runc containers: overlay over one shared EROFS
 // mount, runc's default spec, `runc run -d`.
 type rawRunc struct {
-	dir, lower string
-	spec       []byte // runc's default spec, as `runc spec` writes it
-	mu         sync.Mutex
-	seq        int
+	dir, lower  string
+	defaultSpec []byte // runc's default spec, as `runc spec` writes it
+	mu          sync.Mutex
+	seq         int
 }
 
 func newRawRunc(dir, layerFile string) (*rawRunc, error) {
@@ -251,7 +267,7 @@ func newRawRunc(dir, layerFile string) (*rawRunc, error) {
 	if err != nil {
 		return nil, err
 	}
-	r.spec = spec
+	r.defaultSpec = spec
 	if err := unix.Mount(layerFile, r.lower, "erofs", unix.MS_RDONLY, ""); err != nil {
 		return nil, fmt.Errorf("mount erofs: %w", err)
 	}
@@ -262,7 +278,7 @@ func (r *rawRunc) close() {
 	unix.Unmount(r.lower, unix.MNT_DETACH)
 }
 
-func (r *rawRunc) create(ctx context.Context) (func(), error) {
+func (r *rawRunc) create(ctx context.Context, spec []byte) (func(), error) {
 	r.mu.Lock()
 	r.seq++
 	id := fmt.Sprintf("wbench-raw-%d-%d", os.Getpid(), r.seq)
@@ -278,7 +294,7 @@ func (r *rawRunc) create(ctx context.Context) (func(), error) {
 	if err := unix.Mount("overlay", rootfs, "overlay", 0, opts); err != nil {
 		return nil, fmt.Errorf("mount overlay: %w", err)
 	}
-	if err := r.writeSpec(b, id); err != nil {
+	if err := writeSpec(b, id, spec); err != nil {
 		return nil, err
 	}
 	// The detached container inherits runc's stdio, so a pipe here would
@@ -303,29 +319,31 @@ func (r *rawRunc) create(ctx context.Context) (func(), error) {
 	}, nil
 }
 
-// writeSpec writes runc's default spec, changed only to run detached
-// without a terminal and with the limits the warren side asks for.
-func (r *rawRunc) writeSpec(bundle, id string) error {
-	path := filepath.Join(bundle, "config.json")
+// writeSpec writes template as the bundle's config.json with this
+// container's hostname, cgroup and root. runc's default spec (which runs an
+// interactive sh) is also made to run `sleep` detached, with the limits the
+// warren side asks for; warren's own spec is used as it is.
+func writeSpec(bundle, id string, template []byte) error {
 	var spec map[string]any
-	if err := json.Unmarshal(r.spec, &spec); err != nil {
+	if err := json.Unmarshal(template, &spec); err != nil {
 		return err
 	}
-	proc := spec["process"].(map[string]any)
-	proc["terminal"] = false
-	proc["args"] = []string{"/bin/sleep", "3600"}
 	spec["hostname"] = id
+	spec["root"] = map[string]any{"path": "rootfs", "readonly": false}
 	linux := spec["linux"].(map[string]any)
 	linux["cgroupsPath"] = "/wbench-raw/" + id
-	linux["resources"] = map[string]any{
-		"memory": map[string]any{"limit": 64 << 20},
-		"cpu":    map[string]any{"quota": 10000, "period": 100000},
-		"pids":   map[string]any{"limit": 1024},
+	if proc := spec["process"].(map[string]any); proc["terminal"] == true {
+		proc["terminal"] = false
+		proc["args"] = []string{"/bin/sleep", "3600"}
+		linux["resources"] = map[string]any{
+			"memory": map[string]any{"limit": 64 << 20},
+			"cpu":    map[string]any{"quota": 10000, "period": 100000},
+			"pids":   map[string]any{"limit": 1024},
+		}
 	}
-	spec["root"] = map[string]any{"path": "rootfs", "readonly": false}
 	out, err := json.Marshal(spec)
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(path, out, 0o644)
+	return os.WriteFile(filepath.Join(bundle, "config.json"), out, 0o644)
 }

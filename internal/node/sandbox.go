@@ -234,12 +234,15 @@ func (a *Agent) create(ctx context.Context, b backend.Backend, req api.CreateSan
 		a.removeRecord(id)
 		return api.Sandbox{}, err
 	}
+	t0 := time.Now()
 	if err := b.Create(ctx, spec); err != nil {
 		return fail(fmt.Errorf("create sandbox: %w", err))
 	}
+	t1 := time.Now()
 	if err := b.Start(ctx, id); err != nil {
 		return fail(fmt.Errorf("start sandbox: %w", err))
 	}
+	t2 := time.Now()
 	view.State = api.StateRunning
 	if err := a.writeRecord(record{Sandbox: view, Spec: spec}); err != nil {
 		return fail(err)
@@ -249,7 +252,9 @@ func (a *Agent) create(ctx context.Context, b backend.Backend, req api.CreateSan
 	a.sandboxes[id] = s
 	a.mu.Unlock()
 	a.watch(s)
-	a.log.Info("sandbox created", "sandbox", id, "image", img.Name, "backend", b.Name())
+	a.log.Info("sandbox created", "sandbox", id, "image", img.Name, "backend", b.Name(),
+		"prepare", t0.Sub(now).Round(time.Microsecond), "create", t1.Sub(t0).Round(time.Microsecond),
+		"start", t2.Sub(t1).Round(time.Microsecond), "total", time.Since(now).Round(time.Microsecond))
 	return s.snapshot(), nil
 }
 
