@@ -115,12 +115,14 @@ func newRootCmd(a *app) *cobra.Command {
 	image := &cobra.Command{Use: "image", Aliases: []string{"images"}, Short: "Inspect images"}
 	groupArgs(image)
 	image.AddCommand(newImageLsCmd(a))
+	image.AddCommand(imageCommands(a)...)
 
 	node := &cobra.Command{Use: "node", Aliases: []string{"nodes"}, Short: "Inspect node agents"}
 	groupArgs(node)
 	node.AddCommand(newNodeLsCmd(a))
 
 	root.AddCommand(newUpCmd(), newDemoCmd(a), sandbox, newExecCmd(a), newCpCmd(a), image, node)
+	root.AddCommand(layerCommands(a)...)
 	return root
 }
 

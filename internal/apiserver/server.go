@@ -102,6 +102,8 @@ func (s *Server) routes() {
 	s.mux.Handle("GET /v1/images", auth(s.listImages))
 	s.mux.Handle("GET /v1/images/{name...}", auth(s.getImage))
 	s.mux.Handle("GET /v1/nodes", auth(s.listNodes))
+	s.layerRoutes(auth)
+	s.ociRoutes(auth)
 	s.mux.Handle("/v1/", auth(func(w http.ResponseWriter, r *http.Request) error {
 		return errdefs.New(errdefs.ErrNotFound, api.CodeNotFound, "no route for %s %s", r.Method, r.URL.Path)
 	}))

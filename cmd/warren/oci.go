@@ -1,0 +1,6 @@
+package main
+
+import "github.com/spf13/cobra"
+
+// imageCommands returns the `image` subcommands beyond ls (import, ...).
+func imageCommands(a *app) []*cobra.Command { return nil }
