@@ -19,15 +19,21 @@ import (
 // answer, so it doubles as a smoke test: it exits non-zero if one is wrong.
 func newDemoCmd(a *app) *cobra.Command {
 	image := "busybox"
+	wait := 30 * time.Second
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Create a sandbox, run commands and move files through it, then remove it",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return a.demo(cmd.Context(), a.client(), image)
+			c := a.client()
+			if err := waitHealthy(cmd.Context(), c, wait); err != nil {
+				return err
+			}
+			return a.demo(cmd.Context(), c, image)
 		},
 	}
 	cmd.Flags().StringVar(&image, "image", image, "image to start from")
+	cmd.Flags().DurationVar(&wait, "wait", wait, "how long to wait for the server to answer")
 	return cmd
 }
 
@@ -135,4 +141,21 @@ func (a *app) demo(ctx context.Context, c *client.Client, image string) error {
 		fmt.Fprintf(a.stdout, "%s  %s  %s  %s\n", s.ID, s.Image, s.State, strings.TrimSpace(fmt.Sprint(s.Labels)))
 	}
 	return nil
+}
+
+// waitHealthy polls the server until it answers, so the demo can start
+// right after `warren up &`.
+func waitHealthy(ctx context.Context, c *client.Client, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		err := c.Health(ctx)
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
