@@ -25,11 +25,11 @@ func newDemoCmd(a *app) *cobra.Command {
 		Short: "Create a sandbox, run commands and move files through it, then remove it",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c := a.client()
-			if err := waitHealthy(cmd.Context(), c, wait); err != nil {
+			if err := waitHealthy(cmd.Context(), a.client(), wait); err != nil {
 				return err
 			}
-			return a.demo(cmd.Context(), c, image)
+			// Only now: a server that just started writes its token late.
+			return a.demo(cmd.Context(), a.client(), image)
 		},
 	}
 	cmd.Flags().StringVar(&image, "image", image, "image to start from")
