@@ -113,11 +113,13 @@ func run(n, conc, rounds int, keep bool) error {
 	}
 	defer raw.close()
 
+	nodeID, _, _ := strings.Cut(probe.ID, "-")
 	peers := []struct {
 		name   string
+		cgroup string // parent of the peer's container cgroups
 		create func(context.Context) (func(), error)
 	}{
-		{"warren", func(ctx context.Context) (func(), error) {
+		{"warren", "/warren/" + nodeID, func(ctx context.Context) (func(), error) {
 			sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Image: "busybox",
 				Resources: api.Resources{CPU: 0.1, Memory: 64 << 20}})
 			if err != nil {
@@ -125,8 +127,8 @@ func run(n, conc, rounds int, keep bool) error {
 			}
 			return func() { c.DeleteSandbox(context.Background(), sb.ID) }, nil
 		}},
-		{"runc", func(ctx context.Context) (func(), error) { return raw.create(ctx, raw.defaultSpec) }},
-		{"runc+hardened", func(ctx context.Context) (func(), error) { return raw.create(ctx, hardened) }},
+		{"runc", "/wbench-raw", func(ctx context.Context) (func(), error) { return raw.create(ctx, raw.defaultSpec) }},
+		{"runc+hardened", "/wbench-raw", func(ctx context.Context) (func(), error) { return raw.create(ctx, hardened) }},
 	}
 
 	fmt.Printf("bench/create: n=%d per mode, %d concurrent clients, %d rounds, %s\n", n, conc, rounds, time.Now().UTC().Format(time.RFC3339))
@@ -142,7 +144,7 @@ func run(n, conc, rounds int, keep bool) error {
 			// Rotate who goes first so drift favours nobody.
 			for i := range peers {
 				p := peers[(i+r)%len(peers)]
-				s, err := measure(ctx, n, m.c, p.create)
+				s, err := measure(ctx, n, m.c, p.create, p.cgroup)
 				if err != nil {
 					return fmt.Errorf("%s %s: %w", p.name, m.name, err)
 				}
@@ -153,11 +155,12 @@ func run(n, conc, rounds int, keep bool) error {
 	rate := func(s stats) float64 { return s.rate }
 	p99 := func(s stats) float64 { return ms(s.p99) }
 	for _, m := range modes {
-		fmt.Printf("\n%-4s %-14s %18s %18s %18s\n", m.name, "", "creates/s", "p50", "p99")
+		fmt.Printf("\n%-4s %-14s %18s %18s %18s %22s\n", m.name, "", "creates/s", "p50", "p99", "idle memory/sandbox")
 		for _, p := range peers {
 			ss := results[p.name+" "+m.name]
-			fmt.Printf("     %-14s %18s %18s %18s\n", p.name, spread(ss, rate, "%.1f"),
-				spread(ss, func(s stats) float64 { return ms(s.p50) }, "%.0fms"), spread(ss, p99, "%.0fms"))
+			fmt.Printf("     %-14s %18s %18s %18s %22s\n", p.name, spread(ss, rate, "%.1f"),
+				spread(ss, func(s stats) float64 { return ms(s.p50) }, "%.0fms"), spread(ss, p99, "%.0fms"),
+				spread(ss, func(s stats) float64 { return s.memPer / (1 << 20) }, "%.2fMiB"))
 		}
 		w := results["warren "+m.name]
 		for _, peer := range []string{"runc", "runc+hardened"} {
@@ -172,6 +175,32 @@ func run(n, conc, rounds int, keep bool) error {
 type stats struct {
 	rate     float64
 	p50, p99 time.Duration
+	memPer   float64 // bytes charged to each idle sandbox's cgroup
+}
+
+// cgroupMemory sums the memory charged to every child cgroup of parent
+// (cgroup v1 memory.usage_in_bytes, or v2 memory.current).
+func cgroupMemory(parent string) int64 {
+	var total int64
+	for _, pattern := range []string{
+		filepath.Join("/sys/fs/cgroup/memory", parent, "*", "memory.usage_in_bytes"),
+		filepath.Join("/sys/fs/cgroup", parent, "*", "memory.current"),
+	} {
+		files, _ := filepath.Glob(pattern)
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				continue
+			}
+			var v int64
+			fmt.Sscan(string(b), &v)
+			total += v
+		}
+		if len(files) > 0 {
+			break
+		}
+	}
+	return total
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -196,7 +225,7 @@ func spread(ss []stats, f func(stats) float64, format string) string {
 }
 
 // measure runs n creates over c workers, timing each, then undoes them.
-func measure(ctx context.Context, n, c int, create func(context.Context) (func(), error)) (stats, error) {
+func measure(ctx context.Context, n, c int, create func(context.Context) (func(), error), cgroupParent string) (stats, error) {
 	var (
 		mu      sync.Mutex
 		lat     []time.Duration
@@ -232,6 +261,8 @@ func measure(ctx context.Context, n, c int, create func(context.Context) (func()
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	time.Sleep(500 * time.Millisecond) // let the inits settle before weighing them
+	mem := cgroupMemory(cgroupParent)
 	for _, u := range undo {
 		u()
 	}
@@ -240,9 +271,10 @@ func measure(ctx context.Context, n, c int, create func(context.Context) (func()
 	}
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	return stats{
-		rate: float64(n) / elapsed.Seconds(),
-		p50:  lat[len(lat)/2],
-		p99:  lat[min(len(lat)-1, len(lat)*99/100)],
+		memPer: float64(mem) / float64(n),
+		rate:   float64(n) / elapsed.Seconds(),
+		p50:    lat[len(lat)/2],
+		p99:    lat[min(len(lat)-1, len(lat)*99/100)],
 	}, nil
 }
 
