@@ -1,0 +1,98 @@
+"""Tests of the Python SDK against a live API (WARREN_ADDR, WARREN_TOKEN).
+
+sdk/python/sdk_test.go starts an apiserver over the fake backend and runs
+these; they also run against a real `warren up`.
+"""
+
+import asyncio
+import io
+import os
+import sys
+import tarfile
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from warren import AsyncClient, Client, WarrenError  # noqa: E402
+
+
+class ClientTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.c = Client()
+        cls.sb = cls.c.create_sandbox("busybox", cpu=0.5, memory="128Mi", ttl="10m", labels={"suite": "python"})
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.c.delete_sandbox(cls.sb["id"])
+
+    def test_exec(self):
+        r = self.c.exec(self.sb["id"], cmd="echo hello; echo oops >&2; exit 3")
+        self.assertEqual((r.stdout, r.stderr, r.exit_code, r.timed_out), (b"hello\n", b"oops\n", 3, False))
+
+    def test_exec_binary_and_stdin(self):
+        r = self.c.exec(self.sb["id"], ["cat"], stdin=b"\xff\x00ok")
+        self.assertEqual(r.stdout, b"\xff\x00ok")
+
+    def test_exec_timeout(self):
+        r = self.c.exec(self.sb["id"], ["sleep", "60"], timeout="500ms")
+        self.assertTrue(r.timed_out)
+
+    def test_exec_output_cap(self):
+        r = self.c.exec(self.sb["id"], cmd="yes | head -c 100000", max_output="1Ki")
+        self.assertEqual(len(r.stdout), 1024)
+        self.assertTrue(r.stdout_truncated)
+        self.assertEqual(r.stdout_bytes, 100000)
+
+    def test_exec_stream(self):
+        chunks = []
+        r = self.c.exec_stream(self.sb["id"], cmd="echo a; echo b >&2; exit 4", on_stdout=chunks.append)
+        self.assertEqual((b"".join(chunks), r.stdout, r.stderr, r.exit_code), (b"a\n", b"a\n", b"b\n", 4))
+
+    def test_files(self):
+        sid = self.sb["id"]
+        self.c.write_file(sid, "/work/data.bin", b"\x00\x01\x02", mode=0o600)
+        self.assertEqual(self.c.read_file(sid, "/work/data.bin"), b"\x00\x01\x02")
+        st = self.c.stat(sid, "/work/data.bin")
+        self.assertEqual((st["size"], st["mode"], st["is_dir"]), (3, 0o600, False))
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            info = tarfile.TarInfo("pkg/mod.py")
+            payload = b"print('hi')\n"
+            info.size = len(payload)
+            tf.addfile(info, io.BytesIO(payload))
+        self.c.write_tar(sid, "/work", buf.getvalue())
+        with tarfile.open(fileobj=io.BytesIO(self.c.read_tar(sid, "/work/pkg")), mode="r") as tf:
+            self.assertIn("pkg/mod.py", tf.getnames())
+
+    def test_list(self):
+        ids = [s["id"] for s in self.c.list_sandboxes(labels={"suite": "python"})]
+        self.assertEqual(ids, [self.sb["id"]])
+        self.assertTrue(self.c.list_images())
+        self.assertTrue(self.c.list_nodes())
+
+    def test_errors(self):
+        with self.assertRaises(WarrenError) as cm:
+            self.c.create_sandbox("no-such-image")
+        self.assertEqual((cm.exception.status, cm.exception.code), (404, "image_not_found"))
+        with self.assertRaises(WarrenError) as cm:
+            self.c.get_sandbox(self.sb["node"] + "-aaaaaaaaaaaaaaaa")
+        self.assertEqual(cm.exception.code, "sandbox_not_found")
+        with self.assertRaises(WarrenError) as cm:
+            Client(token="wrong").list_sandboxes()
+        self.assertEqual(cm.exception.status, 401)
+        with self.assertRaises(WarrenError) as cm:
+            self.c.create_sandbox("busybox", memory="lots")
+        self.assertEqual(cm.exception.status, 400)
+
+    def test_async(self):
+        async def main():
+            ac = AsyncClient()
+            rs = await asyncio.gather(*(ac.exec(self.sb["id"], cmd=f"echo {i}") for i in range(8)))
+            return sorted(r.stdout for r in rs)
+
+        self.assertEqual(asyncio.run(main()), sorted(f"{i}\n".encode() for i in range(8)))
+
+
+if __name__ == "__main__":
+    unittest.main()
