@@ -13,8 +13,15 @@ import (
 // mod revisions: one counter for the whole store, bumped by every write and
 // by every delete of an existing key, so a key's Version never repeats even
 // across a delete and re-create.
+//
+// It is also a Watcher: watches are fed synchronously with every write, and
+// leases expire on timers.
 func Memory() Store {
-	return &memory{kv: map[string]memEntry{}}
+	return &memory{
+		kv:       map[string]memEntry{},
+		leases:   map[LeaseID]*memLease{},
+		watchers: map[*memWatch]struct{}{},
+	}
 }
 
 type memory struct {
@@ -22,14 +29,22 @@ type memory struct {
 	rev    int64
 	kv     map[string]memEntry
 	closed bool
+
+	leases    map[LeaseID]*memLease
+	lastLease LeaseID
+	watchers  map[*memWatch]struct{}
 }
 
 type memEntry struct {
 	value []byte
 	rev   int64
+	lease LeaseID // 0: none
 }
 
-var _ Store = (*memory)(nil)
+var (
+	_ Store   = (*memory)(nil)
+	_ Watcher = (*memory)(nil)
+)
 
 // begin checks the arguments shared by every call and locks the store.
 func (m *memory) begin(ctx context.Context, key string, isPrefix bool) error {
@@ -41,6 +56,14 @@ func (m *memory) begin(ctx context.Context, key string, isPrefix bool) error {
 		check = checkPrefix
 	}
 	if err := check(key); err != nil {
+		return err
+	}
+	return m.lock(ctx)
+}
+
+// lock locks the store unless ctx is done or the store is closed.
+func (m *memory) lock(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
 		return err
 	}
 	m.mu.Lock()
@@ -111,10 +134,7 @@ func (m *memory) Delete(ctx context.Context, key string) error {
 		return err
 	}
 	defer m.mu.Unlock()
-	if _, ok := m.kv[key]; ok {
-		m.rev++
-		delete(m.kv, key)
-	}
+	m.remove(key)
 	return nil
 }
 
@@ -122,13 +142,50 @@ func (m *memory) Close() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.closed = true
+	for _, l := range m.leases {
+		l.timer.Stop()
+	}
+	for w := range m.watchers {
+		w.stop()
+	}
+	clear(m.watchers)
 	return nil
 }
 
-// set stores a copy of value at a new revision; m.mu is held.
+// set stores a copy of value at a new revision, with no lease; m.mu is
+// held.
 func (m *memory) set(key string, value []byte) {
+	m.setLeased(key, value, 0)
+}
+
+// setLeased stores a copy of value at a new revision, attached to lease (0:
+// none), and tells the watchers; m.mu is held.
+func (m *memory) setLeased(key string, value []byte, lease LeaseID) {
+	m.detach(key)
 	m.rev++
-	m.kv[key] = memEntry{value: clone(value), rev: m.rev}
+	m.kv[key] = memEntry{value: clone(value), rev: m.rev, lease: lease}
+	if l := m.leases[lease]; l != nil {
+		l.keys[key] = struct{}{}
+	}
+	m.notify(Event{Type: EventPut, KV: KV{Key: key, Value: value, Version: m.rev}})
+}
+
+// remove deletes key if present and tells the watchers; m.mu is held.
+func (m *memory) remove(key string) {
+	if _, ok := m.kv[key]; !ok {
+		return
+	}
+	m.detach(key)
+	m.rev++
+	delete(m.kv, key)
+	m.notify(Event{Type: EventDelete, KV: KV{Key: key, Value: []byte{}, Version: m.rev}})
+}
+
+// detach takes key off the lease it is attached to; m.mu is held.
+func (m *memory) detach(key string) {
+	if l := m.leases[m.kv[key].lease]; l != nil {
+		delete(l.keys, key)
+	}
 }
 
 // clone copies b so callers never share memory with the store; the result

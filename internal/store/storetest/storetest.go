@@ -1,6 +1,8 @@
 // Package storetest is the conformance suite every store.Store passes:
 // Memory in unit tests, and etcd (embedded) in integration tests. A new
-// implementation is done when Run passes against it.
+// implementation is done when Run passes against it. Stores that are also a
+// store.Watcher pass its cases too (watches and leases); the others skip
+// them.
 package storetest
 
 import (
@@ -43,6 +45,7 @@ func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 			tt.fn(t, s)
 		})
 	}
+	runWatcher(t, newStore)
 }
 
 func mustPut(t *testing.T, s store.Store, key, value string) {

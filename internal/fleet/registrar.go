@@ -1,0 +1,150 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/store"
+)
+
+// DefaultTTL is how long a registration outlives its node's last renewal.
+const DefaultTTL = 10 * time.Second
+
+// RegistrarConfig builds a Registrar.
+type RegistrarConfig struct {
+	Store store.Watcher
+	// Node is what the node registers: ID, Address, Pool (default
+	// onprem), Labels, Backends and Capacity. Usage and health are not
+	// registered: the fleet polls them.
+	Node api.Node
+	// TTL of the registration's lease (default DefaultTTL); it is renewed
+	// every TTL/3.
+	TTL time.Duration
+	Log *slog.Logger
+}
+
+// Registrar keeps one node registered under Key(id) with a lease it renews,
+// and registers again whenever the lease is lost (the store was unreachable
+// for longer than the TTL, or someone revoked it).
+type Registrar struct {
+	cfg   RegistrarConfig
+	value []byte
+	log   *slog.Logger
+	lease atomic.Int64
+}
+
+// NewRegistrar checks cfg; Run registers.
+func NewRegistrar(cfg RegistrarConfig) (*Registrar, error) {
+	if cfg.Store == nil {
+		return nil, errdefs.Invalid("fleet: a registrar needs a store")
+	}
+	if !validID(cfg.Node.ID) {
+		return nil, errdefs.Invalid("fleet: node id %q: want a non-empty id without '/' or '-'", cfg.Node.ID)
+	}
+	if cfg.TTL <= 0 {
+		cfg.TTL = DefaultTTL
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	n := cfg.Node
+	if n.Pool == "" {
+		n.Pool = api.PoolOnPrem
+	}
+	if n.Pool != api.PoolOnPrem && n.Pool != api.PoolCloud {
+		return nil, errdefs.Invalid("fleet: node pool %q: want %s or %s", n.Pool, api.PoolOnPrem, api.PoolCloud)
+	}
+	reg := api.Node{ID: n.ID, Address: n.Address, Pool: n.Pool, Labels: n.Labels, Backends: n.Backends, Capacity: n.Capacity}
+	value, err := json.Marshal(reg)
+	if err != nil {
+		return nil, err
+	}
+	return &Registrar{cfg: cfg, value: value, log: cfg.Log.With("component", "registrar", "node", n.ID)}, nil
+}
+
+// Run registers the node and keeps the registration alive until ctx is
+// done, registering again after a lost lease; it returns nil then. It
+// leaves the registration to expire rather than deleting it: an agent that
+// restarts within the TTL keeps its sandboxes from being reported lost.
+// Deregister removes it at once.
+func (r *Registrar) Run(ctx context.Context) error {
+	every := r.cfg.TTL / 3
+	backoff := every / 10
+	for {
+		rctx, cancel := context.WithTimeout(ctx, every)
+		id, err := r.cfg.Store.PutWithLease(rctx, Key(r.cfg.Node.ID), r.value, r.cfg.TTL)
+		cancel()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			r.log.Warn("node registration failed; retrying", "err", err, "after", backoff)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(backoff):
+			}
+			backoff = min(2*backoff, every)
+			continue
+		}
+		backoff = every / 10
+		r.lease.Store(int64(id))
+		r.log.Debug("node registered", "lease", int64(id), "ttl", r.cfg.TTL)
+		r.keepAlive(ctx, id, every)
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
+}
+
+// keepAlive renews lease id every interval until ctx is done or the lease
+// is lost.
+func (r *Registrar) keepAlive(ctx context.Context, id store.LeaseID, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	lastOK := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		kctx, cancel := context.WithTimeout(ctx, every)
+		err := r.cfg.Store.KeepAlive(kctx, id)
+		cancel()
+		switch {
+		case err == nil:
+			lastOK = time.Now()
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, errdefs.ErrNotFound):
+			r.log.Warn("node registration lease lost; registering again")
+			return
+		case time.Since(lastOK) > r.cfg.TTL:
+			// Not renewed for a whole TTL: the lease is gone, or soon will be.
+			r.log.Warn("node registration not renewed for a TTL; registering again", "err", err)
+			return
+		default:
+			r.log.Warn("node registration renewal failed", "err", err)
+		}
+	}
+}
+
+// Lease returns the lease of the current registration, 0 before the first.
+func (r *Registrar) Lease() store.LeaseID { return store.LeaseID(r.lease.Load()) }
+
+// Deregister removes the registration now, for a node leaving the fleet
+// for good. Stop Run first, or it registers again.
+func (r *Registrar) Deregister(ctx context.Context) error {
+	id := store.LeaseID(r.lease.Swap(0))
+	if id == 0 {
+		return r.cfg.Store.Delete(ctx, Key(r.cfg.Node.ID))
+	}
+	return r.cfg.Store.Revoke(ctx, id)
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package placement_test
+
+const raceEnabled = false
