@@ -34,10 +34,16 @@ type Resources struct {
 	PIDs int64 `json:"pids,omitempty"`
 }
 
-// CreateSandboxRequest is the body of POST /v1/sandboxes.
+// CreateSandboxRequest is the body of POST /v1/sandboxes. Exactly one of
+// Image and Layers says what the sandbox's root is made of.
 type CreateSandboxRequest struct {
-	Backend     string            `json:"backend,omitempty"` // default "container"
-	Image       string            `json:"image"`
+	Backend string `json:"backend,omitempty"` // default "container"
+	// Image is an environment: "name@version", or "name" for its latest
+	// version ("busybox" is always there).
+	Image string `json:"image,omitempty"`
+	// Layers is an explicit stack of layer refs ("name@version" or "name"
+	// for the latest), bottom first, used instead of an environment.
+	Layers      []string          `json:"layers,omitempty"`
 	Resources   Resources         `json:"resources,omitempty"`
 	Env         map[string]string `json:"env,omitempty"`
 	Labels      map[string]string `json:"labels,omitempty"`
@@ -47,20 +53,26 @@ type CreateSandboxRequest struct {
 
 // Sandbox is the API view of one sandbox.
 type Sandbox struct {
-	ID          string            `json:"id"`
-	Node        string            `json:"node"`
-	Backend     string            `json:"backend"`
-	Image       string            `json:"image"`
-	State       string            `json:"state"`
-	Reason      string            `json:"reason,omitempty"` // why failed or lost
-	Resources   Resources         `json:"resources"`
-	Env         map[string]string `json:"env,omitempty"`
-	Labels      map[string]string `json:"labels,omitempty"`
-	TTL         Duration          `json:"ttl,omitempty"`
-	IdleTimeout Duration          `json:"idle_timeout,omitempty"`
-	CreatedAt   time.Time         `json:"created_at"`
-	LastUsedAt  time.Time         `json:"last_used_at"`
-	ExpiresAt   *time.Time        `json:"expires_at,omitempty"`
+	ID        string            `json:"id"`
+	Node      string            `json:"node"`
+	Backend   string            `json:"backend"`
+	Image     string            `json:"image"` // the environment, "name@version"
+	State     string            `json:"state"`
+	Reason    string            `json:"reason,omitempty"` // why failed or lost
+	Resources Resources         `json:"resources"`
+	Env       map[string]string `json:"env,omitempty"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	// Layers are the digests of the layers the root is made of, bottom
+	// first; a layer in use by a live sandbox cannot be deleted.
+	Layers []string `json:"layers,omitempty"`
+	// Workdir and User are the defaults for exec, from the environment.
+	Workdir     string     `json:"workdir,omitempty"`
+	User        string     `json:"user,omitempty"`
+	TTL         Duration   `json:"ttl,omitempty"`
+	IdleTimeout Duration   `json:"idle_timeout,omitempty"`
+	CreatedAt   time.Time  `json:"created_at"`
+	LastUsedAt  time.Time  `json:"last_used_at"`
+	ExpiresAt   *time.Time `json:"expires_at,omitempty"`
 }
 
 // SandboxList is the body of GET /v1/sandboxes.
@@ -130,12 +142,20 @@ type FileInfo struct {
 	IsDir bool   `json:"is_dir"`
 }
 
-// Image is a named environment a sandbox can start from.
+// Image is an environment as a sandbox starts from it: its layers resolved
+// to digests, and its defaults. GET /v1/images lists every environment
+// version this way.
 type Image struct {
-	Name      string    `json:"name"`
+	Name      string    `json:"name"`   // "name@version"
 	Layers    []string  `json:"layers"` // layer digests, bottom first
 	Size      int64     `json:"size"`
 	CreatedAt time.Time `json:"created_at"`
+	// Defaults for the sandbox: Env under the create request's own env,
+	// Workdir and User for exec calls that give none.
+	Env        map[string]string `json:"env,omitempty"`
+	Workdir    string            `json:"workdir,omitempty"`
+	User       string            `json:"user,omitempty"`
+	Entrypoint []string          `json:"entrypoint,omitempty"`
 }
 
 // ImageList is the body of GET /v1/images.
@@ -143,16 +163,126 @@ type ImageList struct {
 	Images []Image `json:"images"`
 }
 
+// Layer kinds. An environment stacks one base, at most one workspace and
+// any number of toolkits; diff layers hold a sandbox's changes on top of
+// their parent (snapshots).
+const (
+	LayerBase      = "base"
+	LayerWorkspace = "workspace"
+	LayerToolkit   = "toolkit"
+	LayerDiff      = "diff"
+)
+
+// Layer is one read-only, versioned EROFS layer. Its content lives in the
+// blob store as chunks listed by a manifest blob; Digest, the manifest's
+// digest, is what sandboxes and environments refer to.
+type Layer struct {
+	Ref         string    `json:"ref"` // "name@version"
+	Name        string    `json:"name"`
+	Version     string    `json:"version"`
+	Kind        string    `json:"kind"`
+	Digest      string    `json:"digest"`       // of the manifest
+	ImageDigest string    `json:"image_digest"` // of the whole EROFS image
+	Size        int64     `json:"size"`         // of the EROFS image, bytes
+	Chunks      int       `json:"chunks"`
+	Parent      string    `json:"parent,omitempty"` // diff layers: the parent's manifest digest
+	CreatedAt   time.Time `json:"created_at"`
+	// UsedBy lists the environments ("name@version") that use the layer.
+	UsedBy []string `json:"used_by,omitempty"`
+}
+
+// LayerList is the body of GET /v1/layers.
+type LayerList struct {
+	Layers []Layer `json:"layers"`
+}
+
+// EnvLayer is one layer of an environment, resolved when the environment
+// was created.
+type EnvLayer struct {
+	Ref    string `json:"ref"` // "name@version"
+	Kind   string `json:"kind"`
+	Digest string `json:"digest"`
+	Size   int64  `json:"size"`
+}
+
+// Environment is a named, versioned, immutable stack of layers plus the
+// defaults sandboxes started from it get.
+type Environment struct {
+	Ref     string `json:"ref"` // "name@version"
+	Name    string `json:"name"`
+	Version string `json:"version"`
+	// Layers, bottom first: the base, the workspace if any, then the
+	// toolkits (the last one is on top).
+	Layers     []EnvLayer        `json:"layers"`
+	Env        map[string]string `json:"env,omitempty"`
+	Workdir    string            `json:"workdir,omitempty"`
+	User       string            `json:"user,omitempty"`
+	Entrypoint []string          `json:"entrypoint,omitempty"`
+	Size       int64             `json:"size"` // sum of the layers' sizes
+	CreatedAt  time.Time         `json:"created_at"`
+}
+
+// EnvironmentList is the body of GET /v1/environments.
+type EnvironmentList struct {
+	Environments []Environment `json:"environments"`
+}
+
+// CreateEnvironmentRequest is the body of POST /v1/environments. Layer refs
+// are "name@version", or "name" for the latest version.
+//
+// With From set, the new environment starts as a copy of that one and the
+// other fields change it: Base and Workspace replace the layer of their
+// kind, each toolkit replaces the toolkit of the same name (or goes on top
+// if there is none), Env is merged in, Workdir, User and Entrypoint replace
+// when set. Name defaults to From's name, and Version to the next integer
+// version of that name. This is how a toolkit upgrade reaches an
+// environment: a new version that shares every other layer, no data copied.
+type CreateEnvironmentRequest struct {
+	Name       string            `json:"name,omitempty"`
+	Version    string            `json:"version,omitempty"`
+	From       string            `json:"from,omitempty"`
+	Base       string            `json:"base,omitempty"`
+	Workspace  string            `json:"workspace,omitempty"`
+	Toolkits   []string          `json:"toolkits,omitempty"`
+	Env        map[string]string `json:"env,omitempty"`
+	Workdir    string            `json:"workdir,omitempty"`
+	User       string            `json:"user,omitempty"`
+	Entrypoint []string          `json:"entrypoint,omitempty"`
+}
+
+// GCResult is the answer of POST /v1/gc: what a collection of unreferenced
+// blobs found and removed.
+type GCResult struct {
+	Blobs        int   `json:"blobs"`         // in the blob store before
+	Live         int   `json:"live"`          // referenced, kept
+	Deleted      int   `json:"deleted"`       // unreferenced, removed
+	DeletedBytes int64 `json:"deleted_bytes"` // their total size
+	Young        int   `json:"young"`         // unreferenced but within the grace period, kept
+	Skipped      bool  `json:"skipped"`       // another collection was running
+	DurationMs   int64 `json:"duration_ms"`
+}
+
+// Node pools. Placement keeps work in the on-prem pool and spills
+// burstable sandboxes to the cloud pool when on-prem fills up.
+const (
+	PoolOnPrem = "onprem"
+	PoolCloud  = "cloud"
+)
+
 // Node is the API view of one node agent.
 type Node struct {
-	ID        string    `json:"id"`
-	Address   string    `json:"address,omitempty"`
-	Backends  []string  `json:"backends"`
-	Capacity  Capacity  `json:"capacity"`
-	Usage     Capacity  `json:"usage"`
-	Healthy   bool      `json:"healthy"`
-	Problems  []string  `json:"problems,omitempty"` // e.g. a backend unavailable here, and why
-	UpdatedAt time.Time `json:"updated_at"`
+	ID      string `json:"id"`
+	Address string `json:"address,omitempty"`
+	// Pool is PoolOnPrem (also when empty) or PoolCloud.
+	Pool string `json:"pool,omitempty"`
+	// Labels are matched by a create's node selector, e.g. gpu-adjacent=true.
+	Labels    map[string]string `json:"labels,omitempty"`
+	Backends  []string          `json:"backends"`
+	Capacity  Capacity          `json:"capacity"`
+	Usage     Capacity          `json:"usage"`
+	Healthy   bool              `json:"healthy"`
+	Problems  []string          `json:"problems,omitempty"` // e.g. a backend unavailable here, and why
+	UpdatedAt time.Time         `json:"updated_at"`
 }
 
 // Capacity counts a node's resources.
@@ -188,11 +318,18 @@ const (
 	CodeNotFound           = "not_found"           // 404
 	CodeSandboxNotFound    = "sandbox_not_found"   // 404
 	CodeImageNotFound      = "image_not_found"     // 404
+	CodeLayerNotFound      = "layer_not_found"     // 404
+	CodeEnvNotFound        = "env_not_found"       // 404
 	CodeFileNotFound       = "file_not_found"      // 404
 	CodeConflict           = "conflict"            // 409
+	CodeLayerExists        = "layer_exists"        // 409
+	CodeEnvExists          = "env_exists"          // 409
+	CodeLayerInUse         = "layer_in_use"        // 409
 	CodeExhausted          = "resource_exhausted"  // 429
 	CodeNodeFull           = "node_full"           // 429
 	CodeUnavailable        = "unavailable"         // 503
+	CodeNoCapacity         = "no_capacity"         // 503: no matching node has room
+	CodeNoMatchingNode     = "no_matching_node"    // 503: no healthy node has the backend, pool and labels
 	CodeBackendUnavailable = "backend_unavailable" // 503
 	CodeInternal           = "internal"            // 500
 )

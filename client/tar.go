@@ -18,7 +18,10 @@ import (
 // Symbolic links inside are stored as links; if dir itself is a link it is
 // followed. Ownership is not recorded (the sandbox side decides it).
 // Sockets are skipped; devices and FIFOs are an error.
-func PackDir(w io.Writer, dir string) error {
+func PackDir(w io.Writer, dir string) error { return packDir(w, dir, false) }
+
+// packDir is PackDir; with owners set it records numeric uids and gids.
+func packDir(w io.Writer, dir string, owners bool) error {
 	root, err := filepath.EvalSymlinks(dir)
 	if err != nil {
 		return err
@@ -35,7 +38,7 @@ func PackDir(w io.Writer, dir string) error {
 		if err != nil {
 			return err
 		}
-		return packEntry(tw, p, filepath.ToSlash(rel), d)
+		return packEntry(tw, p, filepath.ToSlash(rel), d, owners)
 	})
 	if err != nil {
 		return err
@@ -43,7 +46,7 @@ func PackDir(w io.Writer, dir string) error {
 	return tw.Close()
 }
 
-func packEntry(tw *tar.Writer, p, name string, d fs.DirEntry) error {
+func packEntry(tw *tar.Writer, p, name string, d fs.DirEntry, owners bool) error {
 	info, err := d.Info()
 	if err != nil {
 		return err
@@ -69,7 +72,10 @@ func packEntry(tw *tar.Writer, p, name string, d fs.DirEntry) error {
 	if mode.IsDir() {
 		hdr.Name += "/"
 	}
-	hdr.Uid, hdr.Gid, hdr.Uname, hdr.Gname = 0, 0, "", ""
+	if !owners {
+		hdr.Uid, hdr.Gid = 0, 0
+	}
+	hdr.Uname, hdr.Gname = "", ""
 	hdr.AccessTime, hdr.ChangeTime = time.Time{}, time.Time{}
 	if err := tw.WriteHeader(hdr); err != nil {
 		return err

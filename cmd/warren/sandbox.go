@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -18,17 +19,40 @@ func newSandboxCreateCmd(a *app) *cobra.Command {
 		ttl, idle      time.Duration
 	)
 	c := &cobra.Command{
-		Use:   "create --image IMAGE [flags]",
+		Use:   "create (--image ENV | --env ENV@VERSION | --layer LAYER...) [flags]",
 		Short: "Create a sandbox and print its id",
+		Long: `Create a sandbox and print its id. Its root filesystem is an environment
+(--image NAME for the latest version, --image or --env NAME@VERSION for one)
+or an explicit stack of layers (--layer, repeated, bottom first).
+
+--env takes both environment variables (KEY=VALUE, or KEY to pass the local
+value) and, when its value has an "@" and no "=", the environment to start from.`,
 		Example: `  warren sandbox create --image busybox --cpu 1 --memory 256Mi --ttl 30m --label task=demo
+  warren sandbox create --env swe-task-0042@1 --env DEBUG=1
+  warren sandbox create --layer debian-python@12 --layer harness@7
   id=$(warren sandbox create --image busybox)`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkOutput(output, outDefault, outID, outJSON); err != nil {
 				return err
 			}
-			if req.Image == "" {
-				return usagef("--image is required")
+			var vars []string
+			for _, e := range env {
+				if !strings.Contains(e, "=") && strings.Contains(e, "@") {
+					if req.Image != "" {
+						return usagef("give one environment: --image or --env NAME@VERSION")
+					}
+					req.Image = e
+					continue
+				}
+				vars = append(vars, e)
+			}
+			env = vars
+			switch {
+			case req.Image == "" && len(req.Layers) == 0:
+				return usagef("--image is required (or --env NAME@VERSION, or --layer)")
+			case req.Image != "" && len(req.Layers) > 0:
+				return usagef("give an environment or layers, not both")
 			}
 			if memory != "" {
 				q, err := api.ParseQuantity(memory)
@@ -60,7 +84,8 @@ func newSandboxCreateCmd(a *app) *cobra.Command {
 		},
 	}
 	f := c.Flags()
-	f.StringVar(&req.Image, "image", "", "image (environment) to start from (required)")
+	f.StringVar(&req.Image, "image", "", "environment to start from: NAME (latest version) or NAME@VERSION")
+	f.StringArrayVar(&req.Layers, "layer", nil, "layer NAME[@VERSION] to stack, bottom first (repeatable; instead of an environment)")
 	f.StringVar(&req.Backend, "backend", "", "backend: container, fncall, microvm or vm (server default: container)")
 	f.Float64Var(&req.Resources.CPU, "cpu", 0, "CPU cores, e.g. 0.5 (server default when 0)")
 	f.StringVar(&memory, "memory", "", "memory limit, e.g. 256Mi or 1G")
@@ -68,7 +93,7 @@ func newSandboxCreateCmd(a *app) *cobra.Command {
 	f.DurationVar(&ttl, "ttl", 0, "lifetime, e.g. 30m (server default when 0)")
 	f.DurationVar(&idle, "idle-timeout", 0, "destroy after this long without use (0: never)")
 	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE (repeatable)")
-	f.StringArrayVarP(&env, "env", "e", nil, "environment KEY=VALUE, or KEY to pass the local value (repeatable)")
+	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE, or KEY to pass the local value (repeatable); NAME@VERSION picks the environment")
 	f.StringVarP(&output, "output", "o", "", "output: id (default) or json")
 	return c
 }
@@ -154,6 +179,15 @@ func newSandboxGetCmd(a *app) *cobra.Command {
 			row(tw, "Node:", sb.Node)
 			row(tw, "Backend:", sb.Backend)
 			row(tw, "Image:", sb.Image)
+			if len(sb.Layers) > 0 {
+				row(tw, "Layers:", strings.Join(sb.Layers, ", "))
+			}
+			if sb.Workdir != "" {
+				row(tw, "Workdir:", sb.Workdir)
+			}
+			if sb.User != "" {
+				row(tw, "User:", sb.User)
+			}
 			row(tw, "State:", sb.State)
 			if sb.Reason != "" {
 				row(tw, "Reason:", sb.Reason)

@@ -1,6 +1,228 @@
 package apiserver
 
-import "net/http"
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
 
-// layerRoutes registers /v1/layers and /v1/environments.
-func (s *Server) layerRoutes(auth func(handler) http.Handler) {}
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/image"
+	"github.com/warrenhq/warren/internal/node"
+)
+
+// Layers is what the layer and environment routes need; *image.Registry
+// satisfies it. live maps layer digests to the live sandboxes using them.
+type Layers interface {
+	BuildLayerFromTar(ctx context.Context, spec image.LayerSpec, tarball io.Reader) (api.Layer, error)
+	ListLayers(ctx context.Context) ([]api.Layer, error)
+	DescribeLayer(ctx context.Context, ref string) (api.Layer, error)
+	DeleteLayer(ctx context.Context, ref string, live map[string][]string) error
+	CreateEnv(ctx context.Context, req api.CreateEnvironmentRequest) (api.Environment, error)
+	ListEnvs(ctx context.Context) ([]api.Environment, error)
+	GetEnv(ctx context.Context, ref string) (api.Environment, error)
+	DeleteEnv(ctx context.Context, ref string) error
+	GC(ctx context.Context, live map[string][]string) (api.GCResult, error)
+}
+
+// layerRoutes registers /v1/layers, /v1/environments and /v1/gc.
+func (s *Server) layerRoutes(auth func(handler) http.Handler) {
+	s.mux.Handle("POST /v1/layers", auth(s.buildLayer))
+	s.mux.Handle("GET /v1/layers", auth(s.listLayers))
+	s.mux.Handle("GET /v1/layers/{ref...}", auth(s.getLayer))
+	s.mux.Handle("DELETE /v1/layers/{ref...}", auth(s.deleteLayer))
+	s.mux.Handle("POST /v1/environments", auth(s.createEnv))
+	s.mux.Handle("GET /v1/environments", auth(s.listEnvs))
+	s.mux.Handle("GET /v1/environments/{ref...}", auth(s.getEnv))
+	s.mux.Handle("DELETE /v1/environments/{ref...}", auth(s.deleteEnv))
+	s.mux.Handle("POST /v1/gc", auth(s.gc))
+}
+
+func (s *Server) layers() (Layers, error) {
+	if s.cfg.Layers == nil {
+		return nil, errdefs.Unavailable("this server keeps no layers")
+	}
+	return s.cfg.Layers, nil
+}
+
+// liveLayers asks the node which layers its sandboxes use, in any state:
+// a failed sandbox still holds its layers until deleted.
+func (s *Server) liveLayers(ctx context.Context) (map[string][]string, error) {
+	list, err := s.cfg.Node.List(ctx, node.Filter{})
+	if err != nil {
+		return nil, err
+	}
+	live := map[string][]string{}
+	for _, sb := range list {
+		for _, d := range sb.Layers {
+			live[d] = append(live[d], sb.ID)
+		}
+	}
+	return live, nil
+}
+
+// collectSoon asks for a GC after a delete, if the daemon wired one.
+func (s *Server) collectSoon() {
+	if s.cfg.CollectGarbage != nil {
+		s.cfg.CollectGarbage()
+	}
+}
+
+// buildLayer builds a layer from a tar or tar.gz body (told apart by its
+// first bytes); name, version, kind and parent come in the query.
+func (s *Server) buildLayer(w http.ResponseWriter, r *http.Request) error {
+	ls, err := s.layers()
+	if err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	spec := image.LayerSpec{Name: q.Get("name"), Version: q.Get("version"), Kind: q.Get("kind"), Parent: q.Get("parent")}
+	if spec.Name == "" || spec.Version == "" || spec.Kind == "" {
+		return errdefs.Invalid("name, version and kind are required query parameters")
+	}
+	if ct := mediaTypeOf(r); ct == "application/json" || strings.HasPrefix(ct, "multipart/") {
+		return errdefs.Invalid("Content-Type %s: the body is the layer's files as a tar or tar.gz stream", ct)
+	}
+	l, err := ls.BuildLayerFromTar(r.Context(), spec, r.Body)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Location", "/v1/layers/"+l.Ref)
+	return writeJSON(w, http.StatusCreated, l)
+}
+
+func (s *Server) listLayers(w http.ResponseWriter, r *http.Request) error {
+	ls, err := s.layers()
+	if err != nil {
+		return err
+	}
+	list, err := ls.ListLayers(r.Context())
+	if err != nil {
+		return err
+	}
+	if name := r.URL.Query().Get("name"); name != "" {
+		kept := list[:0]
+		for _, l := range list {
+			if l.Name == name {
+				kept = append(kept, l)
+			}
+		}
+		list = kept
+	}
+	return writeJSON(w, http.StatusOK, api.LayerList{Layers: list})
+}
+
+func (s *Server) getLayer(w http.ResponseWriter, r *http.Request) error {
+	ls, err := s.layers()
+	if err != nil {
+		return err
+	}
+	l, err := ls.DescribeLayer(r.Context(), r.PathValue("ref"))
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, l)
+}
+
+func (s *Server) deleteLayer(w http.ResponseWriter, r *http.Request) error {
+	ls, err := s.layers()
+	if err != nil {
+		return err
+	}
+	live, err := s.liveLayers(r.Context())
+	if err != nil {
+		return err
+	}
+	if err := ls.DeleteLayer(r.Context(), r.PathValue("ref"), live); err != nil {
+		return err
+	}
+	s.collectSoon()
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) createEnv(w http.ResponseWriter, r *http.Request) error {
+	ls, err := s.layers()
+	if err != nil {
+		return err
+	}
+	var req api.CreateEnvironmentRequest
+	if err := decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	env, err := ls.CreateEnv(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Location", "/v1/environments/"+env.Ref)
+	return writeJSON(w, http.StatusCreated, env)
+}
+
+func (s *Server) listEnvs(w http.ResponseWriter, r *http.Request) error {
+	ls, err := s.layers()
+	if err != nil {
+		return err
+	}
+	list, err := ls.ListEnvs(r.Context())
+	if err != nil {
+		return err
+	}
+	if name := r.URL.Query().Get("name"); name != "" {
+		kept := list[:0]
+		for _, e := range list {
+			if e.Name == name {
+				kept = append(kept, e)
+			}
+		}
+		list = kept
+	}
+	return writeJSON(w, http.StatusOK, api.EnvironmentList{Environments: list})
+}
+
+func (s *Server) getEnv(w http.ResponseWriter, r *http.Request) error {
+	ls, err := s.layers()
+	if err != nil {
+		return err
+	}
+	env, err := ls.GetEnv(r.Context(), r.PathValue("ref"))
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, env)
+}
+
+func (s *Server) deleteEnv(w http.ResponseWriter, r *http.Request) error {
+	ls, err := s.layers()
+	if err != nil {
+		return err
+	}
+	if err := ls.DeleteEnv(r.Context(), r.PathValue("ref")); err != nil {
+		return err
+	}
+	s.collectSoon()
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) gc(w http.ResponseWriter, r *http.Request) error {
+	ls, err := s.layers()
+	if err != nil {
+		return err
+	}
+	live, err := s.liveLayers(r.Context())
+	if err != nil {
+		return err
+	}
+	res, err := ls.GC(r.Context(), live)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, res)
+}
+
+func mediaTypeOf(r *http.Request) string {
+	ct := r.Header.Get("Content-Type")
+	mt, _, _ := strings.Cut(ct, ";")
+	return strings.ToLower(strings.TrimSpace(mt))
+}

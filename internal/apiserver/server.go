@@ -59,8 +59,15 @@ type Tokens interface {
 type Config struct {
 	Node   Node
 	Images Images
-	Tokens Tokens
-	Log    *slog.Logger
+	// Layers serves /v1/layers and /v1/environments; nil answers 503.
+	Layers Layers
+	// CollectGarbage, if set, is called after a layer or environment is
+	// deleted; it should start a GC soon, without waiting for it.
+	CollectGarbage func()
+	Tokens         Tokens
+	// OCI serves image import and environment export; nil answers 503.
+	OCI OCI
+	Log *slog.Logger
 	// Registry receives the server's metrics; nil makes a private one.
 	Registry *prometheus.Registry
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/warrenhq/warren/internal/backend/container"
 	"github.com/warrenhq/warren/internal/blob"
 	"github.com/warrenhq/warren/internal/image"
+	"github.com/warrenhq/warren/internal/image/oci"
 	"github.com/warrenhq/warren/internal/node"
 	"github.com/warrenhq/warren/internal/store"
 )
@@ -73,7 +74,7 @@ func Up(ctx context.Context, cfg UpConfig) error {
 	if err != nil {
 		return err
 	}
-	images := image.NewRegistry(st, blobs)
+	images := image.NewRegistry(st, blobs, image.WithWorkDir(filepath.Join(dir, "tmp")), image.WithLogger(log))
 	if _, err := images.EnsureBusybox(ctx, filepath.Join(dir, "tmp")); err != nil {
 		// Not fatal: other images may still work; creates say what is missing.
 		log.Error("busybox image unavailable", "err", err)
@@ -84,21 +85,23 @@ func Up(ctx context.Context, cfg UpConfig) error {
 		return err
 	}
 	nodeDir := filepath.Join(dir, "node")
+	mounts := image.NewMounts(filepath.Join(nodeDir, "layers"))
 	ctr, err := container.New(container.Config{
 		StateDir:     filepath.Join(nodeDir, "container"),
 		RuncRoot:     filepath.Join(nodeDir, "runc"),
 		CgroupParent: "/warren/" + nodeID,
-		Mounts:       image.NewMounts(filepath.Join(nodeDir, "layers")),
+		Mounts:       mounts,
 	})
 	if err != nil {
 		return err
 	}
+	cache := image.NewCache(filepath.Join(nodeDir, "cache"), blobs)
 	agent, err := node.New(ctx, node.Config{
 		ID:       nodeID,
 		StateDir: filepath.Join(nodeDir, "sandboxes"),
 		Backends: []backend.Backend{ctr},
 		Images:   images,
-		Layers:   image.NewCache(filepath.Join(nodeDir, "cache"), blobs),
+		Layers:   cache,
 		Limits:   cfg.Limits,
 		Log:      log,
 	})
@@ -114,11 +117,19 @@ func Up(ctx context.Context, cfg UpConfig) error {
 	if err != nil {
 		return err
 	}
+	collector := newCollector(images, agent, cache, log)
+	go collector.run(ctx)
 	api := apiserver.New(apiserver.Config{
-		Node:   agent,
-		Images: images,
-		Tokens: apiserver.StaticToken(token),
-		Log:    log,
+		Node:           agent,
+		Images:         images,
+		Layers:         images,
+		CollectGarbage: collector.kick,
+		OCI: &oci.Service{
+			Importer: oci.Importer{Store: images, WorkDir: filepath.Join(dir, "tmp", "oci"), Limits: oci.DefaultLimits},
+			Layers:   oci.NodeLayers{Cache: cache, Mounts: mounts},
+		},
+		Tokens:         apiserver.StaticToken(token),
+		Log:            log,
 	})
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

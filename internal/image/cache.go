@@ -10,23 +10,26 @@ import (
 	"path/filepath"
 	"sort"
 	"sync"
+	"time"
 
+	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/blob"
 	"github.com/warrenhq/warren/internal/errdefs"
 )
 
-// Cache keeps whole layer files on a node's local disk, fetched from the
+// Cache keeps whole layer files on a node's local disk, assembled from the
 // blob store on first use:
 //
-//	<dir>/sha256/<64 hex>   one read-only EROFS file per layer
+//	<dir>/sha256/<64 hex>   one read-only EROFS file per layer, named by
+//	                        the layer's manifest digest
 //	<dir>/tmp/              fetches in progress
 //
-// Concurrent Fetches of one digest share a single download, which is
-// verified against the digest while it is copied and renamed into place
-// only when complete. When the blob store is a Dir on the same filesystem,
-// the layer is hard-linked instead of copied (Dir verified it on Put).
-// A present file is trusted: it is not re-hashed on every Fetch.
+// A layer is fetched from the blob store alone: its manifest, then its
+// chunks. Concurrent Fetches of one digest share a single download; every
+// chunk and then the whole image are verified, and the file is renamed
+// into place only when complete. A present file is trusted: it is not
+// re-hashed on every Fetch.
 type Cache struct {
 	dir string
 	bs  blob.Store
@@ -65,17 +68,21 @@ func (c *Cache) Path(digest string) (string, error) {
 	return filepath.Join(c.dir, blob.Algorithm, h), nil
 }
 
-// Fetch returns the layer's local EROFS file, downloading it first if it
-// is not cached. It costs one stat when cached, one copy (or hard link)
-// otherwise. Errors: ErrInvalid for a malformed digest or content that
-// does not match it, ErrNotFound (code "layer_not_found") if the blob
-// store lacks the layer.
+// Fetch returns the local EROFS file of the layer whose manifest has
+// digest, assembling it first if it is not cached. It costs one stat when
+// cached; otherwise one read of the image's chunks and one hash of it.
+// Errors: ErrInvalid for a malformed digest, manifest or content that does
+// not match its digest, ErrNotFound (code "layer_not_found") if the blob
+// store lacks the manifest or a chunk.
 func (c *Cache) Fetch(ctx context.Context, digest string) (backend.Layer, error) {
 	path, err := c.Path(digest)
 	if err != nil {
 		return backend.Layer{}, err
 	}
 	if _, err := os.Stat(path); err == nil {
+		// The mtime records the last use, for Prune.
+		now := time.Now()
+		os.Chtimes(path, now, now)
 		return backend.Layer{Digest: digest, Path: path}, nil
 	}
 
@@ -124,31 +131,18 @@ func (c *Cache) run(ctx context.Context, digest, path string, f *fetch) {
 	close(f.done)
 }
 
-// download puts the layer at path: a hard link when the blob store is a
-// directory on this filesystem, else a verified copy via a temp file.
+// download assembles the layer's EROFS image at path from the blob
+// store: the manifest, then its chunks (a few at a time, each verified
+// against its digest), then a check of the whole image against the
+// manifest's image digest, before the rename that makes it visible.
 func (c *Cache) download(ctx context.Context, digest, path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	if d, ok := c.bs.(interface{ Path(string) (string, error) }); ok {
-		if src, err := d.Path(digest); err == nil {
-			err := os.Link(src, path)
-			if err == nil || errors.Is(err, fs.ErrExist) {
-				return nil
-			}
-			// Another filesystem, a missing blob, no link support: copy,
-			// which also reports a missing blob properly.
-		}
-	}
-
-	rc, err := c.bs.Open(ctx, digest)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		return errdefs.New(errdefs.ErrNotFound, "layer_not_found", "layer %s is not in the blob store", digest)
-	}
+	m, err := ReadManifest(ctx, c.bs, digest)
 	if err != nil {
 		return err
 	}
-	defer rc.Close()
 	if err := os.MkdirAll(c.tmpDir(), 0o755); err != nil {
 		return err
 	}
@@ -158,9 +152,23 @@ func (c *Cache) download(ctx context.Context, digest, path string) error {
 	}
 	defer os.Remove(tmp.Name()) // a no-op after the rename
 	defer tmp.Close()
-	src := blob.Verify(blob.ContextReader(ctx, rc), digest)
-	if _, err := io.CopyBuffer(tmp, src, make([]byte, 1<<20)); err != nil {
+	if err := tmp.Truncate(m.Size); err != nil {
 		return err
+	}
+	if err := c.fetchChunks(ctx, tmp, m); err != nil {
+		return err
+	}
+	// Every chunk was verified; hashing the whole image again (from the
+	// page cache) guards the assembly itself.
+	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
+		return err
+	}
+	dg := blob.NewDigester()
+	if _, err := io.CopyBuffer(dg, blob.ContextReader(ctx, tmp), make([]byte, 1<<20)); err != nil {
+		return err
+	}
+	if got := dg.Digest(); got != m.Image {
+		return errdefs.New(errdefs.ErrInvalid, "digest_mismatch", "layer %s: assembled image has digest %s, manifest says %s", digest, got, m.Image)
 	}
 	// Synced before the rename: after a power loss the file is either
 	// absent or whole, never a truncated file that Fetch would trust.
@@ -176,6 +184,82 @@ func (c *Cache) download(ctx context.Context, digest, path string) error {
 	return os.Rename(tmp.Name(), path)
 }
 
+// fetchParallel is how many chunks a fetch downloads at once.
+const fetchParallel = 4
+
+// fetchChunks writes m's chunks into f at their offsets; a chunk that
+// occurs several times is downloaded once per occurrence.
+func (c *Cache) fetchChunks(ctx context.Context, f *os.File, m Manifest) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type job struct {
+		off int64
+		c   Chunk
+	}
+	jobs := make(chan job)
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		firstErr error
+	)
+	for range fetchParallel {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 1<<20)
+			for j := range jobs {
+				if err := c.fetchChunk(ctx, f, j.off, j.c, buf); err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+					cancel()
+				}
+			}
+		}()
+	}
+	var off int64
+feed:
+	for _, ch := range m.Chunks {
+		select {
+		case jobs <- job{off, ch}:
+		case <-ctx.Done():
+			break feed
+		}
+		off += ch.Size
+	}
+	close(jobs)
+	wg.Wait()
+	if firstErr != nil {
+		return firstErr
+	}
+	return ctx.Err()
+}
+
+func (c *Cache) fetchChunk(ctx context.Context, f *os.File, off int64, ch Chunk, buf []byte) error {
+	rc, err := c.bs.Open(ctx, ch.Digest)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return errdefs.New(errdefs.ErrNotFound, api.CodeLayerNotFound, "chunk %s at %d is not in the blob store", ch.Digest, off)
+	}
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	// Verify reports a mismatch at EOF, so the chunk is read to its end
+	// (and one byte past, to catch a longer blob).
+	w := io.NewOffsetWriter(f, off)
+	src := blob.Verify(blob.ContextReader(ctx, rc), ch.Digest)
+	n, err := io.CopyBuffer(w, io.LimitReader(src, ch.Size+1), buf)
+	if err != nil {
+		return fmt.Errorf("chunk %s: %w", ch.Digest, err)
+	}
+	if n != ch.Size {
+		return errdefs.New(errdefs.ErrInvalid, "digest_mismatch", "chunk %s: %d bytes, manifest says %d", ch.Digest, n, ch.Size)
+	}
+	return nil
+}
+
 // Remove deletes the cached layer; removing an absent layer is not an
 // error. The caller makes sure no sandbox still mounts it (an existing
 // mount keeps working regardless: it holds the file open).
@@ -188,6 +272,36 @@ func (c *Cache) Remove(digest string) error {
 		return fmt.Errorf("remove cached layer %s: %w", digest, err)
 	}
 	return nil
+}
+
+// Prune removes the cached layers that keep does not name and that no
+// Fetch returned within minAge (a sandbox being created may not be live
+// yet), and returns their digests. A removed file that is still mounted
+// stays readable through the mount.
+func (c *Cache) Prune(keep map[string]bool, minAge time.Duration) ([]string, error) {
+	all, err := c.List()
+	if err != nil {
+		return nil, err
+	}
+	removed := []string{}
+	for _, d := range all {
+		if keep[d] {
+			continue
+		}
+		c.mu.Lock()
+		busy := c.inflight[d] != nil
+		c.mu.Unlock()
+		path, _ := c.Path(d)
+		fi, err := os.Stat(path)
+		if busy || err != nil || time.Since(fi.ModTime()) < minAge {
+			continue
+		}
+		if err := c.Remove(d); err != nil {
+			return removed, err
+		}
+		removed = append(removed, d)
+	}
+	return removed, nil
 }
 
 // List returns the digests of every cached layer, sorted.

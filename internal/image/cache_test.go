@@ -43,10 +43,31 @@ func (s *countingStore) Open(ctx context.Context, digest string) (io.ReadCloser,
 	return s.Store.Open(ctx, digest)
 }
 
+// putLayer stores content as a layer cut into 4 KiB chunks (the smallest
+// the manifest allows, so small tests get several) and returns the
+// manifest's digest and the number of chunks.
+func putLayer(t *testing.T, bs blob.Store, content string) (string, int) {
+	t.Helper()
+	m := image.Manifest{Schema: image.ManifestSchema, Kind: "base", Size: int64(len(content)), ChunkSize: 4096,
+		Image: blob.FromBytes([]byte(content))}
+	for off := 0; off < len(content); off += 4096 {
+		c := content[off:min(off+4096, len(content))]
+		m.Chunks = append(m.Chunks, image.Chunk{Digest: putBlob(t, bs, c), Size: int64(len(c))})
+	}
+	b, d, err := m.Encode()
+	must(t, err)
+	if got := putBlob(t, bs, string(b)); got != d {
+		t.Fatalf("manifest digest: got %s, want %s", got, d)
+	}
+	return d, len(m.Chunks)
+}
+
 func TestCacheFetchOnce(t *testing.T) {
 	ctx := context.Background()
-	bs := &countingStore{Store: newBlobs(t), gate: make(chan struct{})}
-	d := putBlob(t, bs, strings.Repeat("layer bytes ", 100000))
+	bs := &countingStore{Store: newBlobs(t)}
+	content := strings.Repeat("layer bytes ", 10000)
+	d, chunks := putLayer(t, bs, content)
+	bs.gate = make(chan struct{})
 	c := image.NewCache(t.TempDir(), bs)
 
 	const n = 100
@@ -68,16 +89,17 @@ func TestCacheFetchOnce(t *testing.T) {
 			t.Fatalf("Fetch %d: got %+v, %v", i, layers[i], errs[i])
 		}
 	}
-	if got := bs.opens.Load(); got != 1 {
-		t.Fatalf("blob store opened %d times for %d concurrent Fetches, want 1", got, n)
+	want := int32(1 + chunks) // the manifest, then each chunk once
+	if got := bs.opens.Load(); got != want {
+		t.Fatalf("blob store opened %d times for %d concurrent Fetches, want %d", got, n, want)
 	}
 	got, err := os.ReadFile(layers[0].Path)
-	if err != nil || string(got) != strings.Repeat("layer bytes ", 100000) {
+	if err != nil || string(got) != content {
 		t.Fatalf("cached file: %d bytes, %v", len(got), err)
 	}
 
 	// Cached: no more downloads.
-	if _, err := c.Fetch(ctx, d); err != nil || bs.opens.Load() != 1 {
+	if _, err := c.Fetch(ctx, d); err != nil || bs.opens.Load() != want {
 		t.Fatalf("Fetch of a cached layer: %v, %d opens; want no new download", err, bs.opens.Load())
 	}
 	if l, _ := c.List(); len(l) != 1 || l[0] != d {
@@ -88,33 +110,69 @@ func TestCacheFetchOnce(t *testing.T) {
 	if _, err := os.Stat(layers[0].Path); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("after Remove: %v, want gone", err)
 	}
-	if _, err := c.Fetch(ctx, d); err != nil || bs.opens.Load() != 2 {
+	if _, err := c.Fetch(ctx, d); err != nil || bs.opens.Load() != 2*want {
 		t.Fatalf("Fetch after Remove: %v, %d opens; want a second download", err, bs.opens.Load())
 	}
 }
 
+// swapStore serves other content for one digest.
+type swapStore struct {
+	blob.Store
+	digest, content string
+}
+
+func (s *swapStore) Open(ctx context.Context, digest string) (io.ReadCloser, error) {
+	if digest == s.digest {
+		return io.NopCloser(strings.NewReader(s.content)), nil
+	}
+	return s.Store.Open(ctx, digest)
+}
+
 func TestCacheRejectsCorruptContent(t *testing.T) {
 	ctx := context.Background()
-	bs := &countingStore{Store: newBlobs(t)}
-	d := putBlob(t, bs, "the real layer")
-	bs.corrupt = "a substituted layer"
-	dir := t.TempDir()
-	c := image.NewCache(dir, bs)
-	_, err := c.Fetch(ctx, d)
-	if !errors.Is(err, errdefs.ErrInvalid) || errdefs.Code(err) != "digest_mismatch" {
-		t.Fatalf("Fetch of corrupt content: got %v, want ErrInvalid digest_mismatch", err)
+	content := strings.Repeat("the real layer ", 1000)
+	base := newBlobs(t)
+	d, _ := putLayer(t, base, content)
+	m, err := image.ReadManifest(ctx, base, d)
+	must(t, err)
+
+	// A manifest whose image digest lies, over genuine chunks.
+	liar := m
+	liar.Image = blob.FromBytes([]byte("something else"))
+	lb, ld, err := liar.Encode()
+	must(t, err)
+	putBlob(t, base, string(lb))
+
+	cases := []struct {
+		name   string
+		bs     blob.Store
+		digest string
+	}{
+		{"every blob substituted", &countingStore{Store: base, corrupt: "a substituted layer"}, d},
+		{"one chunk substituted", &swapStore{Store: base, digest: m.Chunks[1].Digest, content: "evil"}, d},
+		{"one chunk longer", &swapStore{Store: base, digest: m.Chunks[0].Digest, content: content[:4097]}, d},
+		{"image digest wrong", base, ld},
 	}
-	if l, _ := c.List(); len(l) != 0 {
-		t.Fatalf("corrupt layer cached: %v", l)
-	}
-	if tmp, _ := os.ReadDir(filepath.Join(dir, "tmp")); len(tmp) != 0 {
-		t.Fatalf("temp files left: %d", len(tmp))
+	for _, tc := range cases {
+		dir := t.TempDir()
+		c := image.NewCache(dir, tc.bs)
+		_, err := c.Fetch(ctx, tc.digest)
+		if !errors.Is(err, errdefs.ErrInvalid) || errdefs.Code(err) != "digest_mismatch" {
+			t.Errorf("%s: got %v, want ErrInvalid digest_mismatch", tc.name, err)
+		}
+		if l, _ := c.List(); len(l) != 0 {
+			t.Errorf("%s: corrupt layer cached: %v", tc.name, l)
+		}
+		if tmp, _ := os.ReadDir(filepath.Join(dir, "tmp")); len(tmp) != 0 {
+			t.Errorf("%s: temp files left: %d", tc.name, len(tmp))
+		}
 	}
 }
 
 func TestCacheErrors(t *testing.T) {
 	ctx := context.Background()
-	c := image.NewCache(t.TempDir(), newBlobs(t))
+	bs := newBlobs(t)
+	c := image.NewCache(t.TempDir(), bs)
 	_, err := c.Fetch(ctx, blob.FromBytes([]byte("absent")))
 	if !errors.Is(err, errdefs.ErrNotFound) || errdefs.Code(err) != "layer_not_found" {
 		t.Errorf("Fetch absent: got %v, want ErrNotFound layer_not_found", err)
@@ -127,13 +185,27 @@ func TestCacheErrors(t *testing.T) {
 			t.Errorf("Remove(%q): got %v, want ErrInvalid", d, err)
 		}
 	}
+	// A blob that is not a manifest (say, a raw image).
+	raw := putBlob(t, bs, "not json")
+	if _, err := c.Fetch(ctx, raw); !errors.Is(err, errdefs.ErrInvalid) || errdefs.Code(err) != "invalid_manifest" {
+		t.Errorf("Fetch of a non-manifest: got %v, want ErrInvalid invalid_manifest", err)
+	}
+	// A chunk missing from the store.
+	d, _ := putLayer(t, bs, strings.Repeat("x", 10000))
+	m, err := image.ReadManifest(ctx, bs, d)
+	must(t, err)
+	must(t, bs.Delete(ctx, m.Chunks[2].Digest))
+	if _, err := c.Fetch(ctx, d); !errors.Is(err, errdefs.ErrNotFound) || errdefs.Code(err) != "layer_not_found" {
+		t.Errorf("Fetch with a missing chunk: got %v, want ErrNotFound layer_not_found", err)
+	}
 }
 
 // TestCacheCancel: a caller that gives up gets its ctx error; the next
 // caller gets the layer.
 func TestCacheCancel(t *testing.T) {
-	bs := &countingStore{Store: newBlobs(t), gate: make(chan struct{})}
-	d := putBlob(t, bs, "slow layer")
+	bs := &countingStore{Store: newBlobs(t)}
+	d, _ := putLayer(t, bs, "slow layer")
+	bs.gate = make(chan struct{})
 	c := image.NewCache(t.TempDir(), bs)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
@@ -146,20 +218,47 @@ func TestCacheCancel(t *testing.T) {
 	}
 }
 
-// TestCacheHardLinks: a Dir blob store on the same filesystem is linked,
-// not copied.
-func TestCacheHardLinks(t *testing.T) {
+func TestCachePrune(t *testing.T) {
 	ctx := context.Background()
-	root := t.TempDir()
-	bs, err := blob.NewDir(filepath.Join(root, "blobs"))
+	bs := newBlobs(t)
+	used, _ := putLayer(t, bs, "used layer")
+	idle, _ := putLayer(t, bs, "idle layer")
+	fresh, _ := putLayer(t, bs, "fresh layer")
+	c := image.NewCache(t.TempDir(), bs)
+	old := time.Now().Add(-time.Hour)
+	for _, d := range []string{used, idle, fresh} {
+		l, err := c.Fetch(ctx, d)
+		must(t, err)
+		if d != fresh {
+			must(t, os.Chtimes(l.Path, old, old))
+		}
+	}
+	removed, err := c.Prune(map[string]bool{used: true}, 10*time.Minute)
 	must(t, err)
-	d := putBlob(t, bs, "linked layer")
-	l, err := image.NewCache(filepath.Join(root, "cache"), bs).Fetch(ctx, d)
+	if len(removed) != 1 || removed[0] != idle {
+		t.Fatalf("Prune removed %v, want only the idle layer %s", removed, idle)
+	}
+	if l, _ := c.List(); len(l) != 2 {
+		t.Fatalf("after Prune: %d layers cached, want 2", len(l))
+	}
+}
+
+func TestOpenImage(t *testing.T) {
+	ctx := context.Background()
+	bs := newBlobs(t)
+	content := strings.Repeat("stream me ", 3000)
+	d, _ := putLayer(t, bs, content)
+	rc, m, err := image.OpenImage(ctx, bs, d)
 	must(t, err)
-	src, _ := bs.Path(d)
-	a, err1 := os.Stat(src)
-	b, err2 := os.Stat(l.Path)
-	if err1 != nil || err2 != nil || !os.SameFile(a, b) {
-		t.Fatalf("cached layer %s is not a hard link of %s (%v, %v)", l.Path, src, err1, err2)
+	got, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil || string(got) != content || m.Size != int64(len(content)) {
+		t.Fatalf("OpenImage: %d bytes, %v", len(got), err)
+	}
+	mm, _ := image.ReadManifest(ctx, bs, d)
+	rc, _, err = image.OpenImage(ctx, &swapStore{Store: bs, digest: mm.Chunks[3].Digest, content: "evil"}, d)
+	must(t, err)
+	if _, err := io.ReadAll(rc); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Fatalf("OpenImage over a substituted chunk: %v, want ErrInvalid", err)
 	}
 }

@@ -2,9 +2,10 @@ package image
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,190 +18,150 @@ import (
 	"github.com/warrenhq/warren/internal/store"
 )
 
-// BusyboxImage is the name of the base image every warren has.
+// BusyboxImage is the name of the environment every warren has: one base
+// layer holding a static busybox.
 const BusyboxImage = "busybox"
 
+// busyboxVersion is the version of the busybox layer and environment.
+const busyboxVersion = "1"
+
 const (
-	imagesPrefix  = "/images/"
-	maxNameLen    = 255 // as OCI references
-	maxLayers     = 128 // far below overlayfs' limit on lower layers
+	layersPrefix = "/layers/"
+	envsPrefix   = "/envs/"
+	maxLayers    = 128 // far below overlayfs' limit on lower layers
+	// recordVersion versions the layer and environment records.
 	recordVersion = 1
 )
 
-// Registry maps image names to their layers. Records live in the store
-// under /images/<name>; layer contents live in the blob store. Safe for
-// concurrent use, including by several processes sharing one store.
+// Registry keeps layers and environments: their records in the store
+// (etcd), their content in the blob store. It builds and publishes layers,
+// composes environments, resolves what a sandbox starts from, and collects
+// unreferenced blobs. Safe for concurrent use, including by several
+// processes sharing one store and blob store.
 type Registry struct {
-	st store.Store
-	bs blob.Store
+	st      store.Store
+	bs      blob.Store
+	workDir string
+	grace   time.Duration
+	log     *slog.Logger
 
 	ensureMu sync.Mutex // one busybox build per process at a time
 }
 
+// Option configures a Registry.
+type Option func(*Registry)
+
+// WithWorkDir sets where layer builds unpack and build (default: the
+// system temp dir). It should be on a disk with room for a layer's files
+// and its image.
+func WithWorkDir(dir string) Option { return func(r *Registry) { r.workDir = dir } }
+
+// WithGCGrace sets how old an unreferenced blob must be before GC deletes
+// it, when the blob store can tell a blob's age (default DefaultGCGrace).
+func WithGCGrace(d time.Duration) Option { return func(r *Registry) { r.grace = d } }
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(r *Registry) { r.log = l } }
+
 // NewRegistry returns a Registry over st and bs.
-func NewRegistry(st store.Store, bs blob.Store) *Registry {
-	return &Registry{st: st, bs: bs}
+func NewRegistry(st store.Store, bs blob.Store, opts ...Option) *Registry {
+	r := &Registry{st: st, bs: bs, workDir: os.TempDir(), grace: DefaultGCGrace, log: slog.Default()}
+	for _, o := range opts {
+		o(r)
+	}
+	return r
 }
 
-// record is an image as stored; V versions the format.
-type record struct {
-	V     int       `json:"v"`
-	Image api.Image `json:"image"`
-}
+// Blobs returns the registry's blob store.
+func (r *Registry) Blobs() blob.Store { return r.bs }
 
-// ValidateName checks an image name: 1 to 255 characters from [a-z0-9._-/:@],
-// starting with a letter or digit, with no empty, "." or ".." path
-// segments. ErrInvalid otherwise.
-func ValidateName(name string) error {
-	bad := func(why string) error {
-		return errdefs.New(errdefs.ErrInvalid, "invalid_image_name", "invalid image name %q: %s", name, why)
-	}
-	if name == "" || len(name) > maxNameLen {
-		return bad(fmt.Sprintf("want 1 to %d characters", maxNameLen))
-	}
-	if c := name[0]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
-		return bad("must start with a lowercase letter or digit")
-	}
-	for _, c := range name {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || strings.ContainsRune("._-/:@", c)) {
-			return bad("only lowercase letters, digits and . _ - / : @ are allowed")
-		}
-	}
-	for _, seg := range strings.Split(name, "/") {
-		if seg == "" || seg == "." || seg == ".." {
-			return bad(`empty, "." and ".." path segments are not allowed`)
-		}
-	}
-	return nil
-}
-
-func key(name string) string { return imagesPrefix + name }
-
-// Put registers img, replacing any image of the same name. Its layers must
-// already be in the blob store; Size is recomputed from them, and a zero
-// CreatedAt becomes now. ErrInvalid for a bad name, a bad or missing layer.
-func (r *Registry) Put(ctx context.Context, img api.Image) error {
-	img, val, err := r.prepare(ctx, img)
-	if err != nil {
-		return err
-	}
-	if err := r.st.Put(ctx, key(img.Name), val); err != nil {
-		return fmt.Errorf("put image %q: %w", img.Name, err)
-	}
-	return nil
-}
-
-// Create registers img like Put, but only if no image has its name:
-// ErrConflict (code "image_exists") otherwise.
-func (r *Registry) Create(ctx context.Context, img api.Image) error {
-	img, val, err := r.prepare(ctx, img)
-	if err != nil {
-		return err
-	}
-	err = r.st.Create(ctx, key(img.Name), val)
-	if errors.Is(err, errdefs.ErrConflict) {
-		return errdefs.New(errdefs.ErrConflict, "image_exists", "image %q already exists", img.Name)
-	}
-	if err != nil {
-		return fmt.Errorf("create image %q: %w", img.Name, err)
-	}
-	return nil
-}
-
-// prepare validates img, fills in Size and CreatedAt and encodes it.
-func (r *Registry) prepare(ctx context.Context, img api.Image) (api.Image, []byte, error) {
-	if err := ValidateName(img.Name); err != nil {
-		return img, nil, err
-	}
-	if len(img.Layers) == 0 || len(img.Layers) > maxLayers {
-		return img, nil, errdefs.New(errdefs.ErrInvalid, "invalid_image",
-			"image %q: want 1 to %d layers, got %d", img.Name, maxLayers, len(img.Layers))
-	}
-	img.Layers = append([]string(nil), img.Layers...)
-	img.Size = 0
-	for _, d := range img.Layers {
-		size, err := r.bs.Stat(ctx, d)
-		if errors.Is(err, errdefs.ErrNotFound) {
-			return img, nil, errdefs.New(errdefs.ErrInvalid, "layer_not_found",
-				"image %q: layer %s is not in the blob store", img.Name, d)
-		}
-		if err != nil {
-			return img, nil, fmt.Errorf("image %q: layer %s: %w", img.Name, d, err)
-		}
-		img.Size += size
-	}
-	if img.CreatedAt.IsZero() {
-		img.CreatedAt = time.Now().UTC()
-	}
-	val, err := json.Marshal(record{V: recordVersion, Image: img})
-	if err != nil {
-		return img, nil, fmt.Errorf("image %q: %w", img.Name, err)
-	}
-	return img, val, nil
-}
-
-// Get returns the image called name; ErrNotFound (code "image_not_found")
-// if there is none, ErrInvalid for a malformed name.
+// Get resolves an environment ref ("name@version", or "name" for its
+// latest version) to the image a sandbox starts from: the layers' digests
+// and the environment's defaults. ErrNotFound (code "image_not_found") if
+// there is no such environment, ErrInvalid for a malformed ref.
 func (r *Registry) Get(ctx context.Context, name string) (api.Image, error) {
-	if err := ValidateName(name); err != nil {
+	ref, err := ParseRef(name, true)
+	if err != nil {
 		return api.Image{}, err
 	}
-	kv, err := r.st.Get(ctx, key(name))
+	env, err := r.getEnv(ctx, ref)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		return api.Image{}, errdefs.New(errdefs.ErrNotFound, "image_not_found", "image %q not found", name)
+		return api.Image{}, errdefs.New(errdefs.ErrNotFound, api.CodeImageNotFound, "image %q not found", name)
 	}
 	if err != nil {
-		return api.Image{}, fmt.Errorf("get image %q: %w", name, err)
+		return api.Image{}, err
 	}
-	return decode(kv)
+	return envImage(env), nil
 }
 
-// List returns every image, sorted by name.
+// List returns every environment version as an image, sorted by name and
+// then version.
 func (r *Registry) List(ctx context.Context) ([]api.Image, error) {
-	kvs, err := r.st.List(ctx, imagesPrefix)
+	envs, err := r.ListEnvs(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("list images: %w", err)
+		return nil, err
 	}
-	out := make([]api.Image, 0, len(kvs))
-	for _, kv := range kvs {
-		img, err := decode(kv)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, img)
+	out := make([]api.Image, len(envs))
+	for i, e := range envs {
+		out[i] = envImage(e)
 	}
 	return out, nil
 }
 
-// Delete unregisters the image called name; ErrNotFound if there is none.
-// Its layers stay in the blob store: other images may share them.
-func (r *Registry) Delete(ctx context.Context, name string) error {
-	if _, err := r.Get(ctx, name); err != nil {
-		return err
+func envImage(e api.Environment) api.Image {
+	img := api.Image{
+		Name:       e.Ref,
+		Size:       e.Size,
+		CreatedAt:  e.CreatedAt,
+		Env:        e.Env,
+		Workdir:    e.Workdir,
+		User:       e.User,
+		Entrypoint: e.Entrypoint,
 	}
-	if err := r.st.Delete(ctx, key(name)); err != nil {
-		return fmt.Errorf("delete image %q: %w", name, err)
+	for _, l := range e.Layers {
+		img.Layers = append(img.Layers, l.Digest)
 	}
-	return nil
+	return img
 }
 
-func decode(kv store.KV) (api.Image, error) {
-	var rec record
-	if err := json.Unmarshal(kv.Value, &rec); err != nil {
-		return api.Image{}, fmt.Errorf("image record %s: %w", kv.Key, err)
+// ResolveLayers resolves an explicit stack of layer refs, bottom first, to
+// the image a sandbox starts from; its name joins the refs with "+".
+// ErrNotFound (code "layer_not_found") for a missing layer, ErrInvalid for
+// a malformed ref, an empty or too long stack, or a layer given twice.
+func (r *Registry) ResolveLayers(ctx context.Context, refs []string) (api.Image, error) {
+	if len(refs) == 0 || len(refs) > maxLayers {
+		return api.Image{}, errdefs.Invalid("layers: want 1 to %d layer refs, got %d", maxLayers, len(refs))
 	}
-	if rec.V != recordVersion {
-		return api.Image{}, fmt.Errorf("image record %s: unknown format version %d", kv.Key, rec.V)
+	img := api.Image{}
+	names := make([]string, 0, len(refs))
+	seen := map[string]bool{}
+	for _, s := range refs {
+		l, err := r.GetLayer(ctx, s)
+		if err != nil {
+			return api.Image{}, err
+		}
+		if seen[l.Digest] {
+			return api.Image{}, errdefs.Invalid("layers: %s is given twice", l.Ref)
+		}
+		seen[l.Digest] = true
+		names = append(names, l.Ref)
+		img.Layers = append(img.Layers, l.Digest)
+		img.Size += l.Size
+		if l.CreatedAt.After(img.CreatedAt) {
+			img.CreatedAt = l.CreatedAt
+		}
 	}
-	return rec.Image, nil
+	img.Name = strings.Join(names, "+")
+	return img, nil
 }
 
-// EnsureBusybox registers the busybox base image if it is not registered
-// yet, and returns it. Building it takes a second or two: a rootfs from
-// the host's static busybox under workDir, an EROFS image of it, stored in
-// the blob store. The image is reproducible, so processes that race here
-// build the same layer and the loser of the store's Create adopts the
-// winner's record. ErrUnavailable if busybox or mkfs.erofs is missing.
+// EnsureBusybox registers the busybox base layer and environment
+// (busybox@1) if they are not registered yet, and returns the image.
+// Building takes a second or two: a rootfs from the host's static busybox
+// under workDir, an EROFS image of it, chunks in the blob store. The image
+// is reproducible, so processes that race here build the same layer and
+// the losers of the store's Create adopt the winner's records.
+// ErrUnavailable if busybox or mkfs.erofs is missing.
 func (r *Registry) EnsureBusybox(ctx context.Context, workDir string) (api.Image, error) {
 	img, err := r.Get(ctx, BusyboxImage)
 	if !errors.Is(err, errdefs.ErrNotFound) {
@@ -209,49 +170,56 @@ func (r *Registry) EnsureBusybox(ctx context.Context, workDir string) (api.Image
 	r.ensureMu.Lock()
 	defer r.ensureMu.Unlock()
 	if img, err := r.Get(ctx, BusyboxImage); !errors.Is(err, errdefs.ErrNotFound) {
-		return img, err // another goroutine built it meanwhile
+		return img, err // another goroutine made it meanwhile
 	}
-
-	digest, err := r.buildBusybox(ctx, workDir)
-	if err != nil {
-		return api.Image{}, fmt.Errorf("build busybox image: %w", err)
+	ref := BusyboxImage + "@" + busyboxVersion
+	if _, err := r.GetLayer(ctx, ref); errors.Is(err, errdefs.ErrNotFound) {
+		if err := r.buildBusybox(ctx, workDir); err != nil && !errors.Is(err, errdefs.ErrConflict) {
+			return api.Image{}, fmt.Errorf("build busybox layer: %w", err)
+		}
+	} else if err != nil {
+		return api.Image{}, err
 	}
-	err = r.Create(ctx, api.Image{Name: BusyboxImage, Layers: []string{digest}})
+	_, err = r.CreateEnv(ctx, api.CreateEnvironmentRequest{Name: BusyboxImage, Version: busyboxVersion, Base: ref})
 	if err != nil && !errors.Is(err, errdefs.ErrConflict) {
 		return api.Image{}, err
 	}
 	return r.Get(ctx, BusyboxImage)
 }
 
-// buildBusybox builds the busybox layer and stores it, returning its digest.
-func (r *Registry) buildBusybox(ctx context.Context, workDir string) (string, error) {
+// buildBusybox builds and publishes the busybox layer.
+func (r *Registry) buildBusybox(ctx context.Context, workDir string) error {
 	ts, err := BusyboxTimestamp()
 	if err != nil {
-		return "", err
+		return err
 	}
 	if err := os.MkdirAll(workDir, 0o755); err != nil {
-		return "", err
+		return err
 	}
 	tmp, err := os.MkdirTemp(workDir, "busybox-*")
 	if err != nil {
-		return "", err
+		return err
 	}
 	defer os.RemoveAll(tmp)
 	root := filepath.Join(tmp, "rootfs")
 	if err := BuildBusyboxRootfs(root); err != nil {
-		return "", err
+		return err
 	}
-	layer := filepath.Join(tmp, "busybox.erofs")
-	// Fixed mtimes and owners: the same busybox gives the same digest on
+	file := filepath.Join(tmp, "busybox.erofs")
+	// Fixed mtimes and owners: the same busybox gives the same layer on
 	// every node and in every process.
-	if err := BuildEROFS(ctx, root, layer, WithTimestamp(ts), WithAllRoot()); err != nil {
-		return "", err
+	if err := BuildEROFS(ctx, root, file, WithTimestamp(ts), WithAllRoot()); err != nil {
+		return err
 	}
-	f, err := os.Open(layer)
-	if err != nil {
-		return "", err
+	_, err = r.PublishLayer(ctx, LayerSpec{Name: BusyboxImage, Version: busyboxVersion, Kind: api.LayerBase}, file)
+	return err
+}
+
+// copyN copies exactly n bytes or fails.
+func copyN(w io.Writer, r io.Reader, n int64, buf []byte) error {
+	got, err := io.CopyBuffer(w, io.LimitReader(r, n), buf)
+	if err == nil && got != n {
+		err = io.ErrUnexpectedEOF
 	}
-	defer f.Close()
-	digest, _, err := r.bs.Put(ctx, f)
-	return digest, err
+	return err
 }

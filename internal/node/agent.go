@@ -33,6 +33,13 @@ type Images interface {
 	Get(ctx context.Context, name string) (api.Image, error)
 }
 
+// LayerResolver is what an Images may also do: resolve an explicit stack
+// of layer refs, bottom first, for creates that give layers instead of an
+// image. *image.Registry does.
+type LayerResolver interface {
+	ResolveLayers(ctx context.Context, refs []string) (api.Image, error)
+}
+
 // Layers makes a layer available on local disk; *image.Cache does.
 type Layers interface {
 	Fetch(ctx context.Context, digest string) (backend.Layer, error)

@@ -395,3 +395,47 @@ func TestUnavailableBackendReported(t *testing.T) {
 		t.Errorf("create on unavailable backend: %v, want ErrUnavailable", err)
 	}
 }
+
+// layerImages is an Images that also resolves explicit layer stacks.
+type layerImages struct{ imagetest.Images }
+
+func (layerImages) ResolveLayers(_ context.Context, refs []string) (api.Image, error) {
+	img := api.Image{Name: strings.Join(refs, "+")}
+	for i := range refs {
+		img.Layers = append(img.Layers, "sha256:"+strings.Repeat(string(rune('a'+i)), 64))
+	}
+	return img, nil
+}
+
+// TestImageDefaults: an environment's env, workdir and user become the
+// sandbox's defaults; the request's env wins; the layers are listed.
+func TestImageDefaults(t *testing.T) {
+	ctx := context.Background()
+	digest := "sha256:" + strings.Repeat("1", 64)
+	imgs := layerImages{imagetest.Images{"env@1": {
+		Name: "env@1", Layers: []string{digest},
+		Env: map[string]string{"A": "img", "B": "img"}, Workdir: "/work", User: "nobody",
+	}}}
+	a := newAgent(t, t.TempDir(), func(c *Config) { c.Images = imgs })
+	sb := mustCreate(t, a, api.CreateSandboxRequest{Image: "env@1", Env: map[string]string{"B": "req"}})
+	if sb.Image != "env@1" || len(sb.Layers) != 1 || sb.Layers[0] != digest || sb.Workdir != "/work" || sb.User != "nobody" ||
+		sb.Env["A"] != "img" || sb.Env["B"] != "req" {
+		t.Fatalf("sandbox: got %+v", sb)
+	}
+	res, err := a.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "echo $A $B", User: "0", Cwd: "/"}, nil, nil)
+	if err != nil || res.Stdout != "img req\n" {
+		t.Errorf("exec env: %q, %v; want the image's A and the request's B", res.Stdout, err)
+	}
+
+	sb, err = a.Create(ctx, api.CreateSandboxRequest{Layers: []string{"base@1", "tk@2"}})
+	if err != nil || sb.Image != "base@1+tk@2" || len(sb.Layers) != 2 {
+		t.Fatalf("sandbox from layers: got %+v", sb)
+	}
+	if _, err := a.Create(ctx, api.CreateSandboxRequest{Image: "env@1", Layers: []string{"x@1"}}); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("image and layers: got %v, want ErrInvalid", err)
+	}
+	plain := newAgent(t, t.TempDir(), nil)
+	if _, err := plain.Create(ctx, api.CreateSandboxRequest{Layers: []string{"x@1"}}); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("layers on a node without a resolver: got %v, want ErrInvalid", err)
+	}
+}

@@ -53,6 +53,9 @@ func (a *Agent) Exec(ctx context.Context, id string, req api.ExecRequest, stdout
 	if err != nil {
 		return api.ExecResult{}, err
 	}
+	if breq.User == "" {
+		breq.User = s.snapshot().User // the environment's default
+	}
 	limit := int64(req.MaxOutput)
 	if limit == 0 {
 		limit = a.cfg.Defaults.MaxOutput

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"math"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -34,6 +35,7 @@ func (s *sandbox) snapshot() api.Sandbox {
 	v := s.view
 	v.Labels = maps.Clone(v.Labels)
 	v.Env = maps.Clone(v.Env)
+	v.Layers = slices.Clone(v.Layers)
 	return v
 }
 
@@ -61,7 +63,10 @@ func (a *Agent) validate(req *api.CreateSandboxRequest) error {
 	if req.Backend == "" {
 		req.Backend = api.BackendContainer
 	}
-	if strings.TrimSpace(req.Image) == "" {
+	switch {
+	case req.Image != "" && len(req.Layers) > 0:
+		return errdefs.Invalid("give image or layers, not both")
+	case strings.TrimSpace(req.Image) == "" && len(req.Layers) == 0:
 		return errdefs.Invalid("image is required")
 	}
 	r := &req.Resources
@@ -157,7 +162,7 @@ func (a *Agent) Create(ctx context.Context, req api.CreateSandboxRequest) (api.S
 		}
 		return api.Sandbox{}, errdefs.Invalid("unknown backend %q", req.Backend)
 	}
-	img, err := a.cfg.Images.Get(ctx, req.Image)
+	img, err := a.resolve(ctx, req)
 	if err != nil {
 		return api.Sandbox{}, err
 	}
@@ -172,6 +177,19 @@ func (a *Agent) Create(ctx context.Context, req api.CreateSandboxRequest) (api.S
 	}
 	a.mu.Unlock()
 	return sb, err
+}
+
+// resolve returns the image a create asks for: an environment by name, or
+// an explicit layer stack.
+func (a *Agent) resolve(ctx context.Context, req api.CreateSandboxRequest) (api.Image, error) {
+	if len(req.Layers) == 0 {
+		return a.cfg.Images.Get(ctx, req.Image)
+	}
+	lr, ok := a.cfg.Images.(LayerResolver)
+	if !ok {
+		return api.Image{}, errdefs.Invalid("this node cannot start sandboxes from a layer list")
+	}
+	return lr.ResolveLayers(ctx, req.Layers)
 }
 
 func (a *Agent) knownBackend(name string) bool {
@@ -193,6 +211,12 @@ func (a *Agent) create(ctx context.Context, b backend.Backend, req api.CreateSan
 	}
 	now := time.Now().UTC()
 	id := a.newID()
+	// The image's env is the default; the request's wins.
+	env := req.Env
+	if len(img.Env) > 0 {
+		env = maps.Clone(img.Env)
+		maps.Copy(env, req.Env)
+	}
 	view := api.Sandbox{
 		ID:          id,
 		Node:        a.cfg.ID,
@@ -200,8 +224,11 @@ func (a *Agent) create(ctx context.Context, b backend.Backend, req api.CreateSan
 		Image:       img.Name,
 		State:       api.StateCreating,
 		Resources:   req.Resources,
-		Env:         req.Env,
+		Env:         env,
 		Labels:      req.Labels,
+		Layers:      append([]string(nil), img.Layers...),
+		Workdir:     img.Workdir,
+		User:        img.User,
 		TTL:         req.TTL,
 		IdleTimeout: req.IdleTimeout,
 		CreatedAt:   now,
@@ -210,9 +237,10 @@ func (a *Agent) create(ctx context.Context, b backend.Backend, req api.CreateSan
 	exp := now.Add(req.TTL.D())
 	view.ExpiresAt = &exp
 	spec := backend.Spec{
-		ID:     id,
-		Layers: layers,
-		Env:    envList(req.Env),
+		ID:      id,
+		Layers:  layers,
+		Env:     envList(env),
+		Workdir: img.Workdir,
 		Resources: backend.Resources{
 			CPU:    req.Resources.CPU,
 			Memory: int64(req.Resources.Memory),

@@ -151,6 +151,11 @@ func (a *Agent) adopt(ctx context.Context, r record) {
 
 // keep registers a recovered sandbox and counts its reservation.
 func (a *Agent) keep(b backend.Backend, r record) *sandbox {
+	if len(r.Sandbox.Layers) == 0 { // a record from before layers were listed
+		for _, l := range r.Spec.Layers {
+			r.Sandbox.Layers = append(r.Sandbox.Layers, l.Digest)
+		}
+	}
 	s := &sandbox{backend: b, spec: r.Spec, view: r.Sandbox}
 	if b == nil {
 		s.backend = lostBackend{name: r.Sandbox.Backend}
