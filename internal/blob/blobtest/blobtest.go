@@ -18,6 +18,7 @@ import (
 )
 
 // Run runs the suite. newStore returns an empty store for one subtest.
+// Stores that implement blob.RangeReader are checked through it.
 func Run(t *testing.T, newStore func(t *testing.T) blob.Store) {
 	tests := []struct {
 		name string
@@ -36,6 +37,7 @@ func Run(t *testing.T, newStore func(t *testing.T) blob.Store) {
 		{"CanceledPut", testCanceledPut},
 		{"PutExpected", testPutExpected},
 		{"ConcurrentPuts", testConcurrentPuts},
+		{"Range", testRange},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore(t)) })
