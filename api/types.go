@@ -49,12 +49,21 @@ type CreateSandboxRequest struct {
 	Labels      map[string]string `json:"labels,omitempty"`
 	TTL         Duration          `json:"ttl,omitempty"`          // lifetime; 0 = server default
 	IdleTimeout Duration          `json:"idle_timeout,omitempty"` // 0 = none
+	// Project the sandbox belongs to and is counted against ("a/b"); empty
+	// means the calling token's own project. A token creates only within
+	// its project's subtree.
+	Project string `json:"project,omitempty"`
+	// IdempotencyKey makes the create safe to retry: every request with the
+	// same key (in the same project) gets the one sandbox the first created,
+	// for 24h. The Idempotency-Key header does the same and wins.
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
 }
 
 // Sandbox is the API view of one sandbox.
 type Sandbox struct {
 	ID        string            `json:"id"`
 	Node      string            `json:"node"`
+	Project   string            `json:"project"` // "" is the root project
 	Backend   string            `json:"backend"`
 	Image     string            `json:"image"` // the environment, "name@version"
 	State     string            `json:"state"`
@@ -331,5 +340,7 @@ const (
 	CodeNoCapacity         = "no_capacity"         // 503: no matching node has room
 	CodeNoMatchingNode     = "no_matching_node"    // 503: no healthy node has the backend, pool and labels
 	CodeBackendUnavailable = "backend_unavailable" // 503
+	CodeSandboxLost        = "sandbox_lost"        // 503: its node is unreachable or left; GET answers state "lost"
+	CodeNodeUnreachable    = "node_unreachable"    // 503: the node did not answer
 	CodeInternal           = "internal"            // 500
 )

@@ -66,7 +66,24 @@ var codeStatus = map[string]int{
 	api.CodeNodeFull:           http.StatusTooManyRequests,
 	api.CodeUnavailable:        http.StatusServiceUnavailable,
 	api.CodeBackendUnavailable: http.StatusServiceUnavailable,
+	api.CodeSandboxLost:        http.StatusServiceUnavailable,
+	api.CodeNodeUnreachable:    http.StatusServiceUnavailable,
 	api.CodeInternal:           http.StatusInternalServerError,
+
+	api.CodeInvalidProject:      http.StatusBadRequest,
+	api.CodeRequestExceedsQuota: http.StatusBadRequest,
+	api.CodeProjectNotFound:     http.StatusNotFound,
+	api.CodeTokenNotFound:       http.StatusNotFound,
+	api.CodeProjectExists:       http.StatusConflict,
+	api.CodeProjectHasChildren:  http.StatusConflict,
+	api.CodeProjectInUse:        http.StatusConflict,
+	api.CodeTooManyProjects:     http.StatusConflict,
+	api.CodeQuotaExceedsParent:  http.StatusConflict,
+	api.CodeQuotaBelowChildren:  http.StatusConflict,
+	api.CodeIdempotencyReused:   http.StatusConflict,
+	api.CodeIdempotencyLost:     http.StatusConflict,
+	api.CodeQuotaExceeded:       http.StatusTooManyRequests,
+	api.CodeRateLimited:         http.StatusTooManyRequests,
 }
 
 var statusSentinel = map[int]error{
@@ -157,6 +174,15 @@ func IsFileNotFound(err error) bool { return hasCode(err, api.CodeFileNotFound) 
 
 // IsSandboxNotFound reports whether err says the sandbox does not exist.
 func IsSandboxNotFound(err error) bool { return hasCode(err, api.CodeSandboxNotFound) }
+
+// IsQuotaExceeded reports whether a create was refused because its
+// project's quota (or an ancestor's) is used up; RetryAfter says when to
+// try again.
+func IsQuotaExceeded(err error) bool { return hasCode(err, api.CodeQuotaExceeded) }
+
+// IsRateLimited reports whether a create was refused by its project's
+// creates-per-second limit; RetryAfter says when to try again.
+func IsRateLimited(err error) bool { return hasCode(err, api.CodeRateLimited) }
 
 // RetryAfter returns the wait the server asked for in err, or 0.
 func RetryAfter(err error) time.Duration {

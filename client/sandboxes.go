@@ -44,10 +44,13 @@ func (c *Client) GetSandbox(ctx context.Context, id string) (*api.Sandbox, error
 }
 
 // ListOptions filters ListSandboxes. All labels must match; an empty State
-// matches every state.
+// matches every state; an empty Project means the token's whole scope.
 type ListOptions struct {
 	Labels map[string]string
 	State  string
+	// Project narrows the list to that project's subtree, which must lie
+	// within the token's scope (ErrForbidden otherwise).
+	Project string
 }
 
 // ListSandboxes returns the sandboxes the token may see that match opts.
@@ -63,6 +66,9 @@ func (c *Client) ListSandboxes(ctx context.Context, opts ListOptions) ([]api.San
 	}
 	if opts.State != "" {
 		q.Set("state", opts.State)
+	}
+	if opts.Project != "" {
+		q.Set("project", opts.Project)
 	}
 	var list api.SandboxList
 	if err := c.doJSON(ctx, http.MethodGet, "/v1/sandboxes", q, nil, &list); err != nil {

@@ -65,13 +65,17 @@ func newNodeLsCmd(a *app) *cobra.Command {
 				}
 				return writeJSON(a.stdout, api.NodeList{Nodes: nodes})
 			}
-			tw := newTable(a.stdout, "ID", "HEALTHY", "BACKENDS", "CPU", "MEMORY", "SANDBOXES", "PROBLEMS")
+			tw := newTable(a.stdout, "ID", "POOL", "HEALTHY", "ADDRESS", "BACKENDS", "CPU", "MEMORY", "SANDBOXES", "PROBLEMS")
 			for _, n := range nodes {
 				health := "yes"
 				if !n.Healthy {
 					health = "no"
 				}
-				row(tw, n.ID, health, orDash(strings.Join(n.Backends, ",")),
+				pool := n.Pool
+				if pool == "" {
+					pool = api.PoolOnPrem
+				}
+				row(tw, n.ID, pool, health, orDash(n.Address), orDash(strings.Join(n.Backends, ",")),
 					num(n.Usage.CPU)+"/"+num(n.Capacity.CPU),
 					memHuman(n.Usage.Memory)+"/"+memHuman(n.Capacity.Memory),
 					fmt.Sprintf("%d/%d", n.Usage.Sandboxes, n.Capacity.Sandboxes),

@@ -121,8 +121,9 @@ func newRootCmd(a *app) *cobra.Command {
 	groupArgs(node)
 	node.AddCommand(newNodeLsCmd(a))
 
-	root.AddCommand(newUpCmd(), newDemoCmd(a), sandbox, newExecCmd(a), newCpCmd(a), image, node)
+	root.AddCommand(newUpCmd(), newAPIServerCmd(a), newAgentCmd(a), newDemoCmd(a), sandbox, newExecCmd(a), newCpCmd(a), image, node)
 	root.AddCommand(layerCommands(a)...)
+	root.AddCommand(projectCommands(a)...)
 	return root
 }
 

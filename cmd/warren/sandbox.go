@@ -87,6 +87,8 @@ value) and, when its value has an "@" and no "=", the environment to start from.
 	f.StringVar(&req.Image, "image", "", "environment to start from: NAME (latest version) or NAME@VERSION")
 	f.StringArrayVar(&req.Layers, "layer", nil, "layer NAME[@VERSION] to stack, bottom first (repeatable; instead of an environment)")
 	f.StringVar(&req.Backend, "backend", "", "backend: container, fncall, microvm or vm (server default: container)")
+	f.StringVar(&req.Project, "project", "", "project to create it in and count it against (default: the token's own)")
+	f.StringVar(&req.IdempotencyKey, "idempotency-key", "", "retrying with the same key returns the same sandbox instead of a second one")
 	f.Float64Var(&req.Resources.CPU, "cpu", 0, "CPU cores, e.g. 0.5 (server default when 0)")
 	f.StringVar(&memory, "memory", "", "memory limit, e.g. 256Mi or 1G")
 	f.Int64Var(&req.Resources.PIDs, "pids", 0, "process and thread limit")
@@ -100,9 +102,10 @@ value) and, when its value has an "@" and no "=", the environment to start from.
 
 func newSandboxLsCmd(a *app) *cobra.Command {
 	var (
-		labels []string
-		state  string
-		output string
+		labels  []string
+		state   string
+		project string
+		output  string
 	)
 	c := &cobra.Command{
 		Use:     "ls",
@@ -117,7 +120,7 @@ func newSandboxLsCmd(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			list, err := a.client().ListSandboxes(cmd.Context(), client.ListOptions{Labels: lm, State: state})
+			list, err := a.client().ListSandboxes(cmd.Context(), client.ListOptions{Labels: lm, State: state, Project: project})
 			if err != nil {
 				return err
 			}
@@ -134,9 +137,9 @@ func newSandboxLsCmd(a *app) *cobra.Command {
 				return nil
 			}
 			now := time.Now()
-			tw := newTable(a.stdout, "ID", "IMAGE", "STATE", "CPU", "MEMORY", "AGE", "LABELS")
+			tw := newTable(a.stdout, "ID", "PROJECT", "IMAGE", "STATE", "CPU", "MEMORY", "AGE", "LABELS")
 			for _, sb := range list {
-				row(tw, sb.ID, sb.Image, sb.State, fmtCPU(sb.Resources.CPU), orDash(memString(sb.Resources.Memory)),
+				row(tw, sb.ID, displayPath(sb.Project), sb.Image, sb.State, fmtCPU(sb.Resources.CPU), orDash(memString(sb.Resources.Memory)),
 					age(sb.CreatedAt, now), kvList(sb.Labels, ","))
 			}
 			return tw.Flush()
@@ -145,6 +148,7 @@ func newSandboxLsCmd(a *app) *cobra.Command {
 	f := c.Flags()
 	f.StringArrayVar(&labels, "label", nil, "only sandboxes with label KEY=VALUE (repeatable; all must match)")
 	f.StringVar(&state, "state", "", "only sandboxes in this state (creating, running, paused, stopping, stopped, failed, lost)")
+	f.StringVar(&project, "project", "", "only sandboxes in this project's subtree (default: all the token may see)")
 	f.StringVarP(&output, "output", "o", "", "output: table (default), json or id")
 	return c
 }
@@ -177,6 +181,7 @@ func newSandboxGetCmd(a *app) *cobra.Command {
 			now := time.Now()
 			tw := newTable(a.stdout, "ID:", sb.ID)
 			row(tw, "Node:", sb.Node)
+			row(tw, "Project:", displayPath(sb.Project))
 			row(tw, "Backend:", sb.Backend)
 			row(tw, "Image:", sb.Image)
 			if len(sb.Layers) > 0 {

@@ -19,7 +19,7 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(w, r, &req); err != nil {
 		return err
 	}
-	sb, err := s.cfg.Node.Create(r.Context(), req)
+	sb, err := s.admitCreate(w, r, req, s.cluster.Create) // quota.go
 	if err != nil {
 		return err
 	}
@@ -29,6 +29,10 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
+	scope, err := listScope(r) // auth.go
+	if err != nil {
+		return err
+	}
 	q := r.URL.Query()
 	f := node.Filter{State: q.Get("state")}
 	for _, l := range q["label"] {
@@ -41,10 +45,11 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 		}
 		f.Labels[k] = v
 	}
-	list, err := s.cfg.Node.List(r.Context(), f)
+	list, err := s.cluster.List(r.Context(), f)
 	if err != nil {
 		return err
 	}
+	list = inScope(list, scope)
 	return writeJSON(w, http.StatusOK, api.SandboxList{Sandboxes: list})
 }
 
@@ -64,12 +69,17 @@ func (s *Server) getSandbox(w http.ResponseWriter, r *http.Request) error {
 // answers 204 too, so callers can retry after a network error.
 func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) error {
 	id, n, err := s.sandboxNode(r)
+	if isHidden(err) { // gone, or outside the caller's scope: the same answer
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
 	if err != nil {
 		return err
 	}
 	if err := n.Delete(r.Context(), id); err != nil {
 		return err
 	}
+	s.deleted(id) // quota.go
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
@@ -294,5 +304,9 @@ func (s *Server) getImage(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) listNodes(w http.ResponseWriter, r *http.Request) error {
-	return writeJSON(w, http.StatusOK, api.NodeList{Nodes: []api.Node{s.cfg.Node.Status()}})
+	nodes, err := s.cluster.Nodes(r.Context())
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, api.NodeList{Nodes: nodes})
 }

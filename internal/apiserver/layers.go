@@ -46,10 +46,13 @@ func (s *Server) layers() (Layers, error) {
 	return s.cfg.Layers, nil
 }
 
-// liveLayers asks the node which layers its sandboxes use, in any state:
-// a failed sandbox still holds its layers until deleted.
+// liveLayers asks the nodes which layers their sandboxes use, in any
+// state: a failed sandbox still holds its layers until deleted.
 func (s *Server) liveLayers(ctx context.Context) (map[string][]string, error) {
-	list, err := s.cfg.Node.List(ctx, node.Filter{})
+	if lu, ok := s.cluster.(LayerUser); ok {
+		return lu.LiveLayers(ctx)
+	}
+	list, err := s.cluster.List(ctx, node.Filter{})
 	if err != nil {
 		return nil, err
 	}

@@ -7,15 +7,10 @@ package apiserver
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
-	"encoding/json"
-	"errors"
 	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,14 +18,17 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/httperr"
+	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/node"
+	"github.com/warrenhq/warren/internal/node/nodeapi"
+	"github.com/warrenhq/warren/internal/store"
 )
 
 // Node is what the apiserver needs of a node agent. *node.Agent satisfies
-// it in-process (warren up); a node API client will across hosts.
+// it in-process (warren up); *nodeapi.Client across hosts.
 type Node interface {
 	ID() string
-	Status() api.Node
 	Create(ctx context.Context, req api.CreateSandboxRequest) (api.Sandbox, error)
 	Get(ctx context.Context, id string) (api.Sandbox, error)
 	List(ctx context.Context, f node.Filter) ([]api.Sandbox, error)
@@ -49,22 +47,39 @@ type Images interface {
 	Get(ctx context.Context, name string) (api.Image, error)
 }
 
-// Tokens checks bearer tokens.
-type Tokens interface {
-	// Check returns nil if token is valid, or an ErrUnauthenticated.
-	Check(ctx context.Context, token string) error
-}
-
 // Config builds a Server.
 type Config struct {
-	Node   Node
+	// Cluster is where sandboxes run: a Router over a fleet of node
+	// agents. Nil makes it SingleNode(Node).
+	Cluster Cluster
+	// Node is the one in-process node when Cluster is nil (warren up).
+	Node   StatusNode
 	Images Images
+	// Registrations, if set, keeps the registrations of agents that
+	// register through this apiserver (nodes.go), with NodeTokens (or IAM
+	// tokens of role node) as their credential.
+	Registrations store.Watcher
+	NodeTokens    nodeapi.Authenticator
 	// Layers serves /v1/layers and /v1/environments; nil answers 503.
 	Layers Layers
 	// CollectGarbage, if set, is called after a layer or environment is
 	// deleted; it should start a GC soon, without waiting for it.
 	CollectGarbage func()
-	Tokens         Tokens
+	// Tokens authenticates callers (auth.go): *iam.IAM, or StaticToken.
+	Tokens Tokens
+	// IAM, if set, serves /v1/projects and /v1/tokens and admits creates
+	// against project quotas and rate limits (quota.go); nil answers 503
+	// there and admits every create.
+	IAM *iam.IAM
+	// Idempotency records create keys; nil keeps them in this process.
+	Idempotency *iam.Idempotency
+	// Usage, if set, is IAM's usage source: creates are counted in it as
+	// they return (usage.go), so IAM can run with a negative CommitHold.
+	Usage *Usage
+	// DefaultResources are what quota counts for a create that leaves CPU
+	// or memory out; keep them equal to the nodes' defaults. Zero: 1 core,
+	// 512Mi (node.Defaults' own).
+	DefaultResources api.Resources
 	// OCI serves image import and environment export; nil answers 503.
 	OCI OCI
 	Log *slog.Logger
@@ -78,6 +93,10 @@ type Server struct {
 	log     *slog.Logger
 	mux     *http.ServeMux
 	metrics *metrics
+	cluster Cluster
+
+	idem     *iam.Idempotency
+	projects projectCache // sandbox id -> project, for scope checks
 }
 
 // New builds a Server.
@@ -88,7 +107,14 @@ func New(cfg Config) *Server {
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
-	s := &Server{cfg: cfg, log: cfg.Log, mux: http.NewServeMux(), metrics: newMetrics(cfg.Registry)}
+	s := &Server{cfg: cfg, log: cfg.Log, mux: http.NewServeMux(), metrics: newMetrics(cfg.Registry), cluster: cfg.Cluster}
+	if s.cluster == nil && cfg.Node != nil {
+		s.cluster = SingleNode(cfg.Node)
+	}
+	s.idem = cfg.Idempotency
+	if s.idem == nil {
+		s.idem = iam.NewIdempotency(store.Memory(), iam.IdempotencyOptions{})
+	}
 	s.routes()
 	return s
 }
@@ -111,6 +137,8 @@ func (s *Server) routes() {
 	s.mux.Handle("GET /v1/nodes", auth(s.listNodes))
 	s.layerRoutes(auth)
 	s.ociRoutes(auth)
+	s.iamRoutes(auth)
+	s.nodeRoutes() // nodes.go: registration for agents without etcd
 	s.mux.Handle("/v1/", auth(func(w http.ResponseWriter, r *http.Request) error {
 		return errdefs.New(errdefs.ErrNotFound, api.CodeNotFound, "no route for %s %s", r.Method, r.URL.Path)
 	}))
@@ -127,77 +155,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // handler is an HTTP handler that returns its error for writeError.
 type handler func(w http.ResponseWriter, r *http.Request) error
 
-// authenticated checks the bearer token, runs h and renders its error.
-func (s *Server) authenticated(h handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		err := s.checkAuth(r)
-		if err == nil {
-			err = h(w, r)
-		}
-		if err != nil {
-			s.writeError(w, r, err)
-		}
-	})
-}
-
-func (s *Server) checkAuth(r *http.Request) error {
-	h := r.Header.Get("Authorization")
-	tok, ok := strings.CutPrefix(h, "Bearer ")
-	if !ok || tok == "" {
-		return errdefs.New(errdefs.ErrUnauthenticated, api.CodeUnauthenticated, "missing bearer token")
-	}
-	return s.cfg.Tokens.Check(r.Context(), tok)
-}
-
-// StaticToken accepts one token, compared in constant time.
-type StaticToken string
-
-// Check implements Tokens.
-func (t StaticToken) Check(_ context.Context, token string) error {
-	want, got := sha256.Sum256([]byte(t)), sha256.Sum256([]byte(token))
-	if subtle.ConstantTimeCompare(want[:], got[:]) != 1 {
-		return errdefs.New(errdefs.ErrUnauthenticated, api.CodeUnauthenticated, "invalid token")
-	}
-	return nil
-}
-
-// statusFor maps an error kind to an HTTP status and a default code.
-func statusFor(err error) (int, string) {
-	switch {
-	case errors.Is(err, errdefs.ErrInvalid):
-		return http.StatusBadRequest, api.CodeInvalid
-	case errors.Is(err, errdefs.ErrUnauthenticated):
-		return http.StatusUnauthorized, api.CodeUnauthenticated
-	case errors.Is(err, errdefs.ErrForbidden):
-		return http.StatusForbidden, api.CodeForbidden
-	case errors.Is(err, errdefs.ErrNotFound):
-		return http.StatusNotFound, api.CodeNotFound
-	case errors.Is(err, errdefs.ErrConflict):
-		return http.StatusConflict, api.CodeConflict
-	case errors.Is(err, errdefs.ErrExhausted):
-		return http.StatusTooManyRequests, api.CodeExhausted
-	case errors.Is(err, errdefs.ErrUnavailable):
-		return http.StatusServiceUnavailable, api.CodeUnavailable
-	}
-	return http.StatusInternalServerError, api.CodeInternal
-}
-
-// apiError maps err to its HTTP status and wire form.
-func apiError(err error) (int, api.Error) {
-	status, code := statusFor(err)
-	if c := errdefs.Code(err); c != "" {
-		code = c
-	}
-	e := api.Error{Code: code, Message: err.Error()}
-	if status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable {
-		ra := errdefs.RetryAfter(err)
-		if ra <= 0 {
-			ra = time.Second
-		}
-		e.RetryAfter = int((ra + time.Second - 1) / time.Second)
-	}
-	return status, e
-}
+// apiError maps err to its HTTP status and wire form (internal/httperr
+// holds the mapping, shared with the node API).
+func apiError(err error) (int, api.Error) { return httperr.ToAPI(err) }
 
 // writeError renders err as an api.ErrorBody with the right status.
 func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
@@ -212,34 +172,12 @@ func (s *Server) writeError(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) error {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	return json.NewEncoder(w).Encode(v)
+	return httperr.WriteJSON(w, status, v)
 }
 
-// maxJSONBody bounds JSON request bodies; exec stdin rides in them.
-const maxJSONBody = 64 << 20
-
-// decodeJSON reads one JSON object strictly: unknown fields and trailing
-// data are errors, so a typo like "memroy" fails loudly instead of being
-// ignored.
+// decodeJSON reads one JSON object strictly (see httperr.DecodeJSON).
 func decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxJSONBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return errdefs.Invalid("request body larger than %d bytes", mbe.Limit)
-		}
-		if errors.Is(err, io.EOF) {
-			return errdefs.Invalid("empty request body: want a JSON object")
-		}
-		return errdefs.Invalid("malformed JSON: %v", err)
-	}
-	if dec.More() {
-		return errdefs.Invalid("malformed JSON: data after the object")
-	}
-	return nil
+	return httperr.DecodeJSON(w, r, v)
 }
 
 // statusWriter records the status for metrics and passes Flush through.
@@ -270,14 +208,10 @@ func sandboxID(r *http.Request) (string, error) {
 	return id, nil
 }
 
-// routeNode returns the node that owns a sandbox id. One node today; the
-// id carries its node so many nodes need no lookup.
+// routeNode returns the node that owns a sandbox id: the id carries its
+// node, so routing needs no lookup.
 func (s *Server) routeNode(id string) (Node, error) {
-	nid, _ := node.NodeOf(id)
-	if nid != s.cfg.Node.ID() {
-		return nil, errdefs.New(errdefs.ErrNotFound, api.CodeSandboxNotFound, "sandbox %s not found (no node %s)", id, nid)
-	}
-	return s.cfg.Node, nil
+	return s.cluster.Route(context.Background(), id)
 }
 
 func (s *Server) sandboxNode(r *http.Request) (string, Node, error) {
@@ -285,6 +219,9 @@ func (s *Server) sandboxNode(r *http.Request) (string, Node, error) {
 	if err != nil {
 		return "", nil, err
 	}
-	n, err := s.routeNode(id)
+	n, err := s.cluster.Route(r.Context(), id)
+	if err == nil {
+		err = s.checkSandboxScope(r.Context(), id, n) // auth.go
+	}
 	return id, n, err
 }

@@ -18,17 +18,43 @@ const gcInterval = 10 * time.Minute
 const cacheMinAge = 10 * time.Minute
 
 // collector runs blob GC and node cache eviction every gcInterval, and
-// soon after a kick (a layer or environment was deleted).
+// soon after a kick (a layer or environment was deleted). An apiserver
+// collects blobs only, an agent evicts its cache only, `warren up` both.
 type collector struct {
-	images *image.Registry
-	agent  *node.Agent
-	cache  *image.Cache
+	images *image.Registry // nil: no blob GC
+	live   liveLayers
+	cache  *image.Cache // nil: no cache eviction
 	log    *slog.Logger
 	kicks  chan struct{}
 }
 
+// liveLayers maps the layer digests live sandboxes use to their ids; it
+// fails when it cannot be sure (a node did not answer).
+type liveLayers func(ctx context.Context) (map[string][]string, error)
+
+// agentLayers is the liveLayers of one node's own sandboxes.
+func agentLayers(agent *node.Agent) liveLayers {
+	return func(ctx context.Context) (map[string][]string, error) {
+		list, err := agent.List(ctx, node.Filter{})
+		if err != nil {
+			return nil, err
+		}
+		live := map[string][]string{}
+		for _, sb := range list {
+			for _, d := range sb.Layers {
+				live[d] = append(live[d], sb.ID)
+			}
+		}
+		return live, nil
+	}
+}
+
 func newCollector(images *image.Registry, agent *node.Agent, cache *image.Cache, log *slog.Logger) *collector {
-	return &collector{images: images, agent: agent, cache: cache, log: log, kicks: make(chan struct{}, 1)}
+	return newLayerCollector(images, agentLayers(agent), cache, log)
+}
+
+func newLayerCollector(images *image.Registry, live liveLayers, cache *image.Cache, log *slog.Logger) *collector {
+	return &collector{images: images, live: live, cache: cache, log: log, kicks: make(chan struct{}, 1)}
 }
 
 // kick asks for a collection soon; it never blocks.
@@ -54,19 +80,18 @@ func (c *collector) run(ctx context.Context) {
 }
 
 func (c *collector) collect(ctx context.Context) {
-	list, err := c.agent.List(ctx, node.Filter{})
+	live, err := c.live(ctx)
 	if err != nil {
-		c.log.Warn("gc: list sandboxes", "err", err)
+		c.log.Warn("gc: which layers are in use is not known; not collecting", "err", err)
 		return
 	}
-	live := map[string][]string{}
-	for _, sb := range list {
-		for _, d := range sb.Layers {
-			live[d] = append(live[d], sb.ID)
+	if c.images != nil {
+		if _, err := c.images.GC(ctx, live); err != nil && ctx.Err() == nil {
+			c.log.Warn("gc", "err", err)
 		}
 	}
-	if _, err := c.images.GC(ctx, live); err != nil && ctx.Err() == nil {
-		c.log.Warn("gc", "err", err)
+	if c.cache == nil {
+		return
 	}
 	keep := map[string]bool{}
 	for d := range live {

@@ -1,6 +1,11 @@
 // Package daemon assembles warren's server roles from their parts. Up is the
 // embedded default: apiserver, node agent, an embedded etcd member and a
-// directory blob store in one process, all state under one data directory.
+// directory blob store in one process, all state under one data directory;
+// its apiserver serves its in-process node directly (apiserver.SingleNode).
+// APIServer and Agent are the roles of a cluster: stateless apiserver
+// replicas over etcd that place and route through a fleet watcher
+// (apiserver.Router), and node agents that serve the node API and register
+// themselves.
 package daemon
 
 import (
@@ -117,6 +122,11 @@ func Up(ctx context.Context, cfg UpConfig) error {
 	if err != nil {
 		return err
 	}
+	ids, err := startIAM(ctx, st, token, log) // iam.go
+	if err != nil {
+		return err
+	}
+	go ids.Usage.Follow(ctx, agent, usageResync)
 	collector := newCollector(images, agent, cache, log)
 	go collector.run(ctx)
 	api := apiserver.New(apiserver.Config{
@@ -128,8 +138,11 @@ func Up(ctx context.Context, cfg UpConfig) error {
 			Importer: oci.Importer{Store: images, WorkDir: filepath.Join(dir, "tmp", "oci"), Limits: oci.DefaultLimits},
 			Layers:   oci.NodeLayers{Cache: cache, Mounts: mounts},
 		},
-		Tokens:         apiserver.StaticToken(token),
-		Log:            log,
+		Tokens:      ids.IAM,
+		IAM:         ids.IAM,
+		Idempotency: ids.Idempotency,
+		Usage:       ids.Usage,
+		Log:         log,
 	})
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {

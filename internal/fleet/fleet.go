@@ -348,6 +348,13 @@ func (s *Static) set(n api.Node) {
 	e.mu.Unlock()
 }
 
+// Lost reports whether sandboxes on node id are lost: the node is not in
+// the view.
+func (s *Static) Lost(id string) bool {
+	_, ok := s.Node(id)
+	return !ok
+}
+
 // Remove drops a node.
 func (s *Static) Remove(id string) {
 	s.mu.Lock()

@@ -16,9 +16,24 @@ import (
 // DefaultTTL is how long a registration outlives its node's last renewal.
 const DefaultTTL = 10 * time.Second
 
+// Leaser is what a Registrar needs of a store: a key under a lease it
+// renews. store.Watcher implements it (an agent that reaches etcd); so does
+// a client of an apiserver's registration endpoint (an agent that reaches
+// only the apiserver).
+type Leaser interface {
+	PutWithLease(ctx context.Context, key string, value []byte, ttl time.Duration) (store.LeaseID, error)
+	KeepAlive(ctx context.Context, id store.LeaseID) error
+	Revoke(ctx context.Context, id store.LeaseID) error
+	Delete(ctx context.Context, key string) error
+}
+
+var _ Leaser = store.Watcher(nil)
+
 // RegistrarConfig builds a Registrar.
 type RegistrarConfig struct {
-	Store store.Watcher
+	// Store keeps the registration. If it is also a store.Store, the node
+	// is remembered there too (Remember) when it first registers.
+	Store Leaser
 	// Node is what the node registers: ID, Address, Pool (default
 	// onprem), Labels, Backends and Capacity. Usage and health are not
 	// registered: the fleet polls them.
@@ -76,7 +91,13 @@ func NewRegistrar(cfg RegistrarConfig) (*Registrar, error) {
 func (r *Registrar) Run(ctx context.Context) error {
 	every := r.cfg.TTL / 3
 	backoff := every / 10
+	remembered := false
 	for {
+		if st, ok := r.cfg.Store.(store.Store); ok && !remembered {
+			rctx, cancel := context.WithTimeout(ctx, every)
+			remembered = Remember(rctx, st, r.cfg.Node.ID) == nil
+			cancel()
+		}
 		rctx, cancel := context.WithTimeout(ctx, every)
 		id, err := r.cfg.Store.PutWithLease(rctx, Key(r.cfg.Node.ID), r.value, r.cfg.TTL)
 		cancel()
@@ -147,4 +168,40 @@ func (r *Registrar) Deregister(ctx context.Context) error {
 		return r.cfg.Store.Delete(ctx, Key(r.cfg.Node.ID))
 	}
 	return r.cfg.Store.Revoke(ctx, id)
+}
+
+// KnownPrefix is where nodes are remembered once they have registered: a
+// registration vanishes with its lease, but a sandbox id that names a node
+// seen before is lost, not unknown.
+const KnownPrefix = "/nodes-known/"
+
+// Remember records that node id has been part of the fleet. It is a
+// create-only write: done once per node, it costs nothing after.
+func Remember(ctx context.Context, st store.Store, id string) error {
+	if !validID(id) {
+		return errdefs.Invalid("fleet: node id %q", id)
+	}
+	v, _ := json.Marshal(struct {
+		First time.Time `json:"first_registered"`
+	}{time.Now().UTC()})
+	err := st.Create(ctx, KnownPrefix+id, v)
+	if errors.Is(err, errdefs.ErrConflict) {
+		return nil
+	}
+	return err
+}
+
+// Known reports whether node id was ever remembered.
+func Known(ctx context.Context, st store.Store, id string) (bool, error) {
+	if !validID(id) {
+		return false, nil
+	}
+	_, err := st.Get(ctx, KnownPrefix+id)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, errdefs.ErrNotFound):
+		return false, nil
+	}
+	return false, err
 }

@@ -347,7 +347,8 @@ func (i *IAM) Authenticate(ctx context.Context, secret string) (Principal, error
 	return e.p, nil
 }
 
-// Check implements the apiserver's Tokens interface.
+// Check reports whether token authenticates (Authenticate without the
+// principal).
 func (i *IAM) Check(ctx context.Context, token string) error {
 	_, err := i.Authenticate(ctx, token)
 	return err

@@ -315,7 +315,7 @@ func TestRecover(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	a := newAgent(t, dir, nil)
-	sb := mustCreate(t, a, api.CreateSandboxRequest{Labels: map[string]string{"k": "v"}})
+	sb := mustCreate(t, a, api.CreateSandboxRequest{Labels: map[string]string{"k": "v"}, Project: "research/rl"})
 	dead := mustCreate(t, a, api.CreateSandboxRequest{})
 	if err := a.WriteFile(ctx, sb.ID, "/state.txt", 0o644, strings.NewReader("kept")); err != nil {
 		t.Fatal(err)
@@ -336,8 +336,8 @@ func TestRecover(t *testing.T) {
 
 	a2 := newAgent(t, dir, nil)
 	got, err := a2.Get(ctx, sb.ID)
-	if err != nil || got.State != api.StateRunning || got.Labels["k"] != "v" {
-		t.Fatalf("recovered sandbox = %+v, %v; want running with its labels", got, err)
+	if err != nil || got.State != api.StateRunning || got.Labels["k"] != "v" || got.Project != "research/rl" {
+		t.Fatalf("recovered sandbox = %+v, %v; want running with its labels and project", got, err)
 	}
 	res, err := a2.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "cat state.txt", Cwd: "/"}, nil, nil)
 	if err != nil || res.Stdout != "kept" {

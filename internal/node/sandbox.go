@@ -151,6 +151,17 @@ func (u *usage) add(r api.Resources, sign int) {
 
 // Create admits, prepares and starts a sandbox, and returns it running.
 func (a *Agent) Create(ctx context.Context, req api.CreateSandboxRequest) (api.Sandbox, error) {
+	return a.createFrom(ctx, req, nil)
+}
+
+// CreateFrom is Create with the image already resolved (by an apiserver
+// that reads the image registry), so that the node itself never does:
+// img must be what req.Image or req.Layers resolve to.
+func (a *Agent) CreateFrom(ctx context.Context, req api.CreateSandboxRequest, img api.Image) (api.Sandbox, error) {
+	return a.createFrom(ctx, req, &img)
+}
+
+func (a *Agent) createFrom(ctx context.Context, req api.CreateSandboxRequest, resolved *api.Image) (api.Sandbox, error) {
 	if err := a.validate(&req); err != nil {
 		return api.Sandbox{}, err
 	}
@@ -162,9 +173,14 @@ func (a *Agent) Create(ctx context.Context, req api.CreateSandboxRequest) (api.S
 		}
 		return api.Sandbox{}, errdefs.Invalid("unknown backend %q", req.Backend)
 	}
-	img, err := a.resolve(ctx, req)
-	if err != nil {
-		return api.Sandbox{}, err
+	var img api.Image
+	if resolved != nil {
+		img = *resolved
+	} else {
+		var err error
+		if img, err = a.resolve(ctx, req); err != nil {
+			return api.Sandbox{}, err
+		}
 	}
 	if err := a.admit(req.Resources); err != nil {
 		return api.Sandbox{}, err
@@ -182,6 +198,9 @@ func (a *Agent) Create(ctx context.Context, req api.CreateSandboxRequest) (api.S
 // resolve returns the image a create asks for: an environment by name, or
 // an explicit layer stack.
 func (a *Agent) resolve(ctx context.Context, req api.CreateSandboxRequest) (api.Image, error) {
+	if a.cfg.Images == nil {
+		return api.Image{}, errdefs.Unavailable("node %s resolves no images: its apiserver must send them resolved", a.cfg.ID)
+	}
 	if len(req.Layers) == 0 {
 		return a.cfg.Images.Get(ctx, req.Image)
 	}
@@ -220,6 +239,7 @@ func (a *Agent) create(ctx context.Context, b backend.Backend, req api.CreateSan
 	view := api.Sandbox{
 		ID:          id,
 		Node:        a.cfg.ID,
+		Project:     req.Project,
 		Backend:     b.Name(),
 		Image:       img.Name,
 		State:       api.StateCreating,
@@ -346,6 +366,19 @@ type Filter struct {
 	State  string
 }
 
+// Match reports whether sb passes the filter.
+func (f Filter) Match(sb api.Sandbox) bool {
+	if f.State != "" && sb.State != f.State {
+		return false
+	}
+	for k, want := range f.Labels {
+		if got, ok := sb.Labels[k]; !ok || got != want {
+			return false
+		}
+	}
+	return true
+}
+
 // List returns the node's sandboxes that match f, oldest first.
 func (a *Agent) List(ctx context.Context, f Filter) ([]api.Sandbox, error) {
 	a.mu.Lock()
@@ -356,18 +389,7 @@ func (a *Agent) List(ctx context.Context, f Filter) ([]api.Sandbox, error) {
 	a.mu.Unlock()
 	out := []api.Sandbox{}
 	for _, s := range all {
-		v := s.snapshot()
-		if f.State != "" && v.State != f.State {
-			continue
-		}
-		match := true
-		for k, want := range f.Labels {
-			if got, ok := v.Labels[k]; !ok || got != want {
-				match = false
-				break
-			}
-		}
-		if match {
+		if v := s.snapshot(); f.Match(v) {
 			out = append(out, v)
 		}
 	}

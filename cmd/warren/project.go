@@ -1,0 +1,500 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/warrenhq/warren/api"
+)
+
+// projectCommands returns the top-level `project` and `token` verbs.
+func projectCommands(a *app) []*cobra.Command {
+	project := &cobra.Command{Use: "project", Aliases: []string{"projects", "proj"},
+		Short: "Create projects, hand them quotas, show their usage"}
+	groupArgs(project)
+	project.AddCommand(newProjectCreateCmd(a), newProjectLsCmd(a), newProjectGetCmd(a), newProjectUpdateCmd(a), newProjectRmCmd(a))
+
+	token := &cobra.Command{Use: "token", Aliases: []string{"tokens"}, Short: "Mint, list and revoke API tokens"}
+	groupArgs(token)
+	token.AddCommand(newTokenCreateCmd(a), newTokenLsCmd(a), newTokenRevokeCmd(a))
+	return []*cobra.Command{project, token}
+}
+
+const quotaHelp = `QUOTA is a comma-separated list of KEY=VALUE: sandboxes=N, vcpu=CORES,
+memory=SIZE, disk=SIZE (sizes like 512Gi or 2Ti), creates=N[/s] (sandbox
+creations per second) and burst=N (the rate limit's bucket). 0 removes a
+limit. A sub-project's quota is carved out of its parent's: the quotas of a
+project's sub-projects add up to at most its own.`
+
+// parseQuota reads "sandboxes=2000,vcpu=500,memory=2Ti,creates=50/s".
+func parseQuota(s string) (api.QuotaPatch, error) {
+	var p api.QuotaPatch
+	if strings.TrimSpace(s) == "" {
+		return p, usagef("--quota: empty (want e.g. sandboxes=2000,vcpu=500,memory=2Ti)")
+	}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		k, v = strings.ToLower(strings.TrimSpace(k)), strings.TrimSpace(v)
+		if !ok || v == "" {
+			return p, usagef("--quota: %q: want KEY=VALUE", kv)
+		}
+		bad := func(want string) error { return usagef("--quota: %s=%s: want %s", k, v, want) }
+		switch k {
+		case "sandboxes":
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 {
+				return p, bad("a count")
+			}
+			p.Sandboxes = &n
+		case "vcpu", "cpu":
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || f < 0 {
+				return p, bad("a number of cores")
+			}
+			p.CPU = &f
+		case "memory", "mem", "disk":
+			q, err := api.ParseQuantity(v)
+			if err != nil {
+				return p, bad("a size like 2Ti")
+			}
+			if k == "disk" {
+				p.Disk = &q
+			} else {
+				p.Memory = &q
+			}
+		case "creates", "creates/s", "rate":
+			f, err := strconv.ParseFloat(strings.TrimSuffix(v, "/s"), 64)
+			if err != nil || f < 0 {
+				return p, bad("creations per second, like 50/s")
+			}
+			p.CreatesPerSec = &f
+		case "burst", "creates-burst":
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 {
+				return p, bad("a count")
+			}
+			p.CreatesBurst = &n
+		default:
+			return p, usagef("--quota: unknown key %q (want sandboxes, vcpu, memory, disk, creates or burst)", k)
+		}
+	}
+	return p, nil
+}
+
+// displayPath shows the root project as "/".
+func displayPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	return p
+}
+
+func newProjectCreateCmd(a *app) *cobra.Command {
+	var quota, desc, output string
+	c := &cobra.Command{
+		Use:   "create PATH [--quota QUOTA] [--description TEXT]",
+		Short: "Create a sub-project with part of its parent's quota",
+		Long: `Create the project PATH (segments of a-z, 0-9, '.', '_', '-', joined by '/').
+Its parent must exist; the token must be an admin of a proper ancestor.
+
+` + quotaHelp,
+		Example: `  warren project create research --quota sandboxes=5000,vcpu=1000,memory=4Ti,creates=100/s
+  warren project create research/rl-math --quota sandboxes=2000,vcpu=500,memory=2Ti`,
+		Args: exactArgs(1, "one project path"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output, outDefault, outJSON); err != nil {
+				return err
+			}
+			req := api.CreateProjectRequest{Path: args[0], Description: desc}
+			if quota != "" {
+				p, err := parseQuota(quota)
+				if err != nil {
+					return err
+				}
+				req.Quota = p.Apply(api.Quota{})
+			}
+			p, err := a.client().CreateProject(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			if output == outJSON {
+				return writeJSON(a.stdout, p)
+			}
+			return printProject(a.stdout, p)
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&quota, "quota", "", "QUOTA, e.g. sandboxes=2000,vcpu=500,memory=2Ti,creates=50/s (default: none of its own)")
+	f.StringVar(&desc, "description", "", "what the project is for")
+	f.StringVarP(&output, "output", "o", "", "output: text (default) or json")
+	return c
+}
+
+func newProjectUpdateCmd(a *app) *cobra.Command {
+	var quota, desc, output string
+	c := &cobra.Command{
+		Use:   "update PATH [--quota QUOTA] [--description TEXT]",
+		Short: "Change some of a project's quota or its description",
+		Long: `Change the quota fields given in --quota and keep the others (0 removes
+a limit), and/or the description. A quota may drop below current usage
+(creates then wait until usage drains), never below what the project has
+handed down to its sub-projects.
+
+` + quotaHelp,
+		Example: `  warren project update research/rl-math --quota vcpu=600,creates=0`,
+		Args:    exactArgs(1, "one project path"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output, outDefault, outJSON); err != nil {
+				return err
+			}
+			var req api.UpdateProjectRequest
+			if cmd.Flags().Changed("quota") {
+				p, err := parseQuota(quota)
+				if err != nil {
+					return err
+				}
+				req.Quota = &p
+			}
+			if cmd.Flags().Changed("description") {
+				req.Description = &desc
+			}
+			if req.Quota == nil && req.Description == nil {
+				return usagef("nothing to change: give --quota or --description")
+			}
+			p, err := a.client().UpdateProject(cmd.Context(), args[0], req)
+			if err != nil {
+				return err
+			}
+			if output == outJSON {
+				return writeJSON(a.stdout, p)
+			}
+			return printProject(a.stdout, p)
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&quota, "quota", "", "QUOTA fields to change, e.g. vcpu=600,memory=3Ti")
+	f.StringVar(&desc, "description", "", "new description")
+	f.StringVarP(&output, "output", "o", "", "output: text (default) or json")
+	return c
+}
+
+func newProjectGetCmd(a *app) *cobra.Command {
+	var output string
+	c := &cobra.Command{
+		Use:     "get PATH",
+		Aliases: []string{"inspect"},
+		Short:   "Show a project's quota, usage and sub-projects",
+		Args:    exactArgs(1, "one project path (/ for the root)"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output, outDefault, outJSON); err != nil {
+				return err
+			}
+			p, err := a.client().GetProject(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			if output == outJSON {
+				return writeJSON(a.stdout, p)
+			}
+			return printProject(a.stdout, p)
+		},
+	}
+	c.Flags().StringVarP(&output, "output", "o", "", "output: text (default) or json")
+	return c
+}
+
+// usedOf renders "used / limit", or "used" alone when there is no limit.
+func usedOf(used, limit string, limited bool) string {
+	if !limited {
+		return used
+	}
+	return used + " / " + limit
+}
+
+func printProject(w io.Writer, p *api.Project) error {
+	now := time.Now()
+	q, u := p.Quota, p.Usage
+	tw := newTable(w, "Project:", displayPath(p.Path))
+	if p.Description != "" {
+		row(tw, "Description:", p.Description)
+	}
+	row(tw, "", "USED / QUOTA")
+	row(tw, "Sandboxes:", usedOf(fmt.Sprint(u.Sandboxes), fmt.Sprint(q.Sandboxes), q.Sandboxes > 0))
+	row(tw, "vCPU:", usedOf(fmtCores(u.CPU), fmtCores(q.CPU), q.CPU > 0))
+	row(tw, "Memory:", usedOf(u.Memory.String(), q.Memory.String(), q.Memory > 0))
+	row(tw, "Disk:", usedOf(u.Disk.String(), q.Disk.String(), q.Disk > 0))
+	row(tw, "Creates/s:", fmtRate(q))
+	if r := p.Reserved; r.Sandboxes > 0 {
+		row(tw, "Being created:", fmt.Sprintf("%d sandboxes, %s vCPU, %s", r.Sandboxes, fmtCores(r.CPU), r.Memory))
+	}
+	children := make([]string, len(p.Children))
+	for i, c := range p.Children {
+		children[i] = strings.TrimPrefix(c, p.Path+"/")
+	}
+	row(tw, "Sub-projects:", orDash(strings.Join(children, ", ")))
+	row(tw, "Created:", stamp(p.CreatedAt, now))
+	if !p.UpdatedAt.Equal(p.CreatedAt) {
+		row(tw, "Updated:", stamp(p.UpdatedAt, now))
+	}
+	return tw.Flush()
+}
+
+func fmtCores(c float64) string { return strconv.FormatFloat(c, 'f', -1, 64) }
+
+func fmtRate(q api.Quota) string {
+	if q.CreatesPerSec <= 0 {
+		return "-"
+	}
+	s := fmtCores(q.CreatesPerSec) + "/s"
+	if q.CreatesBurst > 0 {
+		s += fmt.Sprintf(" (burst %d)", q.CreatesBurst)
+	}
+	return s
+}
+
+func newProjectLsCmd(a *app) *cobra.Command {
+	var output string
+	c := &cobra.Command{
+		Use:     "ls [PATH]",
+		Aliases: []string{"list", "tree"},
+		Short:   "Show a project tree with quotas and usage (default: the token's own project)",
+		Long: `Show PATH and every project under it as a tree. Usage counts the whole
+subtree; "used / quota" where the project sets a limit of its own.`,
+		Args: maxArgs(1, "at most one project path (/ for the root)"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output, outDefault, outJSON); err != nil {
+				return err
+			}
+			list, err := a.client().ListProjects(cmd.Context(), firstArg(args))
+			if err != nil {
+				return err
+			}
+			if output == outJSON {
+				if list == nil {
+					list = []api.Project{}
+				}
+				return writeJSON(a.stdout, api.ProjectList{Projects: list})
+			}
+			return printProjectTree(a.stdout, list)
+		},
+	}
+	c.Flags().StringVarP(&output, "output", "o", "", "output: tree (default) or json")
+	return c
+}
+
+// printProjectTree draws list (a subtree sorted by path, its top first)
+// with box-drawing branches.
+func printProjectTree(w io.Writer, list []api.Project) error {
+	if len(list) == 0 {
+		return nil
+	}
+	byPath := make(map[string]api.Project, len(list))
+	for _, p := range list {
+		byPath[p.Path] = p
+	}
+	tw := newTable(w, "PROJECT", "SANDBOXES", "VCPU", "MEMORY", "DISK", "CREATES/S", "DESCRIPTION")
+	var walk func(p api.Project, label, indent string)
+	walk = func(p api.Project, label, indent string) {
+		q, u := p.Quota, p.Usage
+		row(tw, label,
+			usedOf(fmt.Sprint(u.Sandboxes), fmt.Sprint(q.Sandboxes), q.Sandboxes > 0),
+			usedOf(fmtCores(u.CPU), fmtCores(q.CPU), q.CPU > 0),
+			usedOf(u.Memory.String(), q.Memory.String(), q.Memory > 0),
+			usedOf(u.Disk.String(), q.Disk.String(), q.Disk > 0),
+			fmtRate(q), orDash(p.Description))
+		for i, c := range p.Children {
+			child, ok := byPath[c]
+			if !ok {
+				continue
+			}
+			branch, next := "├── ", "│   "
+			if i == len(p.Children)-1 {
+				branch, next = "└── ", "    "
+			}
+			name := c[strings.LastIndexByte(c, '/')+1:]
+			walk(child, indent+branch+name, indent+next)
+		}
+	}
+	walk(list[0], displayPath(list[0].Path), "")
+	return tw.Flush()
+}
+
+func newProjectRmCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:     "rm PATH [PATH...]",
+		Aliases: []string{"delete", "remove"},
+		Short:   "Delete projects without sub-projects or sandboxes (their tokens stop working)",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usagef("%s takes one or more project paths", cmd.CommandPath())
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return eachArg(cmd, a, args, func(path string) error {
+				return a.client().DeleteProject(cmd.Context(), path)
+			})
+		},
+	}
+}
+
+// eachArg runs fn for every arg, printing the ones that succeed and the
+// errors of the others; exit status 1 if any failed.
+func eachArg(cmd *cobra.Command, a *app, args []string, fn func(string) error) error {
+	failed := 0
+	for _, arg := range args {
+		if err := fn(arg); err != nil {
+			if cmd.Context().Err() != nil {
+				return cmd.Context().Err()
+			}
+			fmt.Fprintf(a.stderr, "warren: %s: %s\n", arg, a.describe(err))
+			failed++
+			continue
+		}
+		fmt.Fprintln(a.stdout, arg)
+	}
+	if failed > 0 {
+		return exitError{1}
+	}
+	return nil
+}
+
+// parseTTL reads a Go duration or a number of days ("30d").
+func parseTTL(s string) (time.Duration, error) {
+	if d, ok := strings.CutSuffix(s, "d"); ok {
+		f, err := strconv.ParseFloat(d, 64)
+		if err != nil || f < 0 {
+			return 0, usagef("--ttl %q: want e.g. 30d, 12h or 90m", s)
+		}
+		return time.Duration(f * float64(24*time.Hour)), nil
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil || v < 0 {
+		return 0, usagef("--ttl %q: want e.g. 30d, 12h or 90m", s)
+	}
+	return v, nil
+}
+
+func newTokenCreateCmd(a *app) *cobra.Command {
+	var (
+		req         api.CreateTokenRequest
+		ttl, output string
+	)
+	c := &cobra.Command{
+		Use:   "create --project PATH --role ROLE [--ttl 30d] [--name NAME]",
+		Short: "Mint a token and print its secret (shown this once)",
+		Long: `Mint a token scoped to PATH's subtree and print its secret on stdout; the
+server keeps only its hash. Roles: reader (read), runner (+ sandboxes),
+builder (+ layers and environments), admin (+ sub-projects and tokens),
+node (a node agent joining; root admins only). A token never outranks or
+outlives the one that mints it.`,
+		Example: `  warren token create --project research/rl-math --role runner --ttl 30d --name trainer-7
+  export WARREN_TOKEN=$(warren token create --project research/rl-math --role admin --ttl 7d)`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output, outDefault, outJSON); err != nil {
+				return err
+			}
+			if req.Role == "" {
+				return usagef("--role is required (reader, runner, builder, admin or node)")
+			}
+			if ttl != "" {
+				d, err := parseTTL(ttl)
+				if err != nil {
+					return err
+				}
+				req.TTL = api.Duration(d)
+			}
+			t, err := a.client().CreateToken(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			if output == outJSON {
+				return writeJSON(a.stdout, t)
+			}
+			fmt.Fprintln(a.stdout, t.Secret)
+			exp := "never expires"
+			if !t.Token.ExpiresAt.IsZero() {
+				exp = "expires " + t.Token.ExpiresAt.Local().Format(time.RFC3339)
+			}
+			fmt.Fprintf(a.stderr, "token %s: %s of %s, %s. The secret above is shown only once.\n",
+				t.Token.ID, t.Token.Role, displayPath(t.Token.Project), exp)
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&req.Project, "project", "", "project whose subtree the token acts on (default: the creating token's own)")
+	f.StringVar(&req.Role, "role", "", "reader, runner, builder, admin or node (required)")
+	f.StringVar(&ttl, "ttl", "", "lifetime, e.g. 30d or 12h (default: the creating token's own)")
+	f.StringVar(&req.Name, "name", "", "a name to recognise it by, e.g. trainer-7")
+	f.StringVar(&req.Description, "description", "", "what it is for")
+	f.StringVarP(&output, "output", "o", "", "output: secret (default) or json")
+	return c
+}
+
+func newTokenLsCmd(a *app) *cobra.Command {
+	var project, output string
+	c := &cobra.Command{
+		Use:     "ls [--project PATH]",
+		Aliases: []string{"list"},
+		Short:   "List the tokens of a project's subtree (default: the token's own project)",
+		Args:    noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output, outDefault, outJSON); err != nil {
+				return err
+			}
+			list, err := a.client().ListTokens(cmd.Context(), project)
+			if err != nil {
+				return err
+			}
+			if output == outJSON {
+				if list == nil {
+					list = []api.Token{}
+				}
+				return writeJSON(a.stdout, api.TokenList{Tokens: list})
+			}
+			now := time.Now()
+			tw := newTable(a.stdout, "ID", "NAME", "PROJECT", "ROLE", "EXPIRES", "CREATED")
+			for _, t := range list {
+				exp := "never"
+				switch {
+				case t.ExpiresAt.IsZero():
+				case !t.ExpiresAt.After(now):
+					exp = "expired"
+				default:
+					exp = "in " + age(now, t.ExpiresAt) // age measures ExpiresAt - now here
+				}
+				row(tw, t.ID, orDash(t.Name), displayPath(t.Project), t.Role, exp, age(t.CreatedAt, now))
+			}
+			return tw.Flush()
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&project, "project", "", "project whose subtree to list (/ for the root)")
+	f.StringVarP(&output, "output", "o", "", "output: table (default) or json")
+	return c
+}
+
+func newTokenRevokeCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:     "revoke ID [ID...]",
+		Aliases: []string{"rm", "delete"},
+		Short:   "Revoke tokens (they stop working within seconds on every apiserver)",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usagef("%s takes one or more token ids", cmd.CommandPath())
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return eachArg(cmd, a, args, func(id string) error {
+				return a.client().RevokeToken(cmd.Context(), id)
+			})
+		},
+	}
+}

@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/warrenhq/warren/internal/daemon"
+	"github.com/warrenhq/warren/internal/placement"
+)
+
+const envNodeToken = "WARREN_NODE_TOKEN"
+
+// serve runs a server role until SIGINT or SIGTERM, logging to stderr.
+func serve(verbose bool, run func(ctx context.Context, log *slog.Logger) error) error {
+	level := slog.LevelInfo
+	if verbose {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return run(ctx, log)
+}
+
+func newAPIServerCmd(a *app) *cobra.Command {
+	cfg := daemon.APIServerConfig{}
+	var verbose bool
+	var strategy string
+	cmd := &cobra.Command{
+		Use:   "apiserver",
+		Short: "Run one stateless apiserver replica over an etcd cluster and a fleet of agents",
+		Long: `Run one apiserver replica. It keeps no state of its own: run two or more behind
+any load balancer, all with the same --etcd. Nodes join with "warren agent".
+
+The first apiserver of a fresh cluster creates the admin token and writes it to
+<data-dir>/admin-token, and writes the cluster's node token (created in etcd, the
+same for every replica) to <data-dir>/node-token: give it to agents as --token.
+Every apiserver and agent must reach the same blob store (--blobs: a directory
+on a filesystem they share).`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if len(cfg.Etcd) == 0 {
+				return usagef("--etcd is required")
+			}
+			cfg.Placement.Strategy = placement.Strategy(strategy)
+			return serve(verbose, func(ctx context.Context, log *slog.Logger) error {
+				cfg.Log = log
+				return daemon.APIServer(ctx, cfg)
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&cfg.Etcd, "etcd", nil, "etcd endpoints, comma-separated (http://10.0.0.1:2379,...)")
+	f.StringVar(&cfg.Listen, "listen", ":7443", "API listen address")
+	f.StringVar(&cfg.DataDir, "data-dir", dataDirDefault(), "directory for local state (env "+envDataDir+")")
+	f.StringVar(&cfg.Blobs, "blobs", "", "blob store directory shared by every apiserver and agent (default <data-dir>/blobs)")
+	f.StringVar(&cfg.NodeToken, "node-token", a.getenv(envNodeToken), "node token presented to agents (env "+envNodeToken+"; default: the cluster's, kept in etcd)")
+	f.IntVar(&cfg.Placement.K, "k", 0, "nodes sampled per placement (power-of-k; 0: 2)")
+	f.StringVar(&strategy, "placement", string(placement.PowerOfK), "placement strategy: power-of-k, oracle or random")
+	f.DurationVar(&cfg.Fleet.PollInterval, "poll-interval", 0, "how often each node's status is polled (0: 1s)")
+	f.IntVar(&cfg.Fleet.MaxMissed, "max-missed", 0, "polls missed in a row that make a node unreachable (0: 3)")
+	f.DurationVar(&cfg.Refresh, "list-refresh", 0, "how often each node's sandboxes are re-listed for quota usage and lost-sandbox reports (0: 2s)")
+	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
+	return cmd
+}
+
+func newAgentCmd(a *app) *cobra.Command {
+	cfg := daemon.AgentConfig{}
+	var verbose bool
+	var labels []string
+	cmd := &cobra.Command{
+		Use:   "agent",
+		Short: "Run a node agent that joins a warren cluster",
+		Long: `Run a node agent: it owns the sandboxes of this host, serves the node API on
+--listen and registers itself, through etcd (--etcd) or through an apiserver
+(--apiserver), with its address, pool, labels, backends and capacity. --token is
+the node token (an apiserver's <data-dir>/node-token). Several agents can share a
+host if their --data-dir differ.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if (len(cfg.Etcd) == 0) == (len(cfg.APIServers) == 0) {
+				return usagef("give --apiserver or --etcd (one of them)")
+			}
+			if cfg.Token == "" {
+				return usagef("--token (or $%s) is required: the node token", envNodeToken)
+			}
+			for _, l := range labels {
+				k, v, ok := strings.Cut(l, "=")
+				if !ok || k == "" {
+					return usagef("--label %q: want key=value", l)
+				}
+				if cfg.Labels == nil {
+					cfg.Labels = map[string]string{}
+				}
+				cfg.Labels[k] = v
+			}
+			return serve(verbose, func(ctx context.Context, log *slog.Logger) error {
+				cfg.Log = log
+				return daemon.Agent(ctx, cfg)
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&cfg.APIServers, "apiserver", nil, "register through an apiserver (URL; several, comma-separated, are tried in order)")
+	f.StringSliceVar(&cfg.Etcd, "etcd", nil, "register in etcd directly (endpoints, comma-separated)")
+	f.StringVar(&cfg.Listen, "listen", ":7444", "node API listen address")
+	f.StringVar(&cfg.Advertise, "advertise", "", "address apiservers dial (default: --listen, its host resolved)")
+	// Shadows the client verbs' --token: here it is the node token.
+	f.StringVar(&cfg.Token, "token", a.getenv(envNodeToken), "node token (env "+envNodeToken+")")
+	f.StringVar(&cfg.DataDir, "data-dir", filepath.Join(dataDirDefault(), "agent"), "directory for the node's state")
+	f.StringVar(&cfg.Pool, "pool", "onprem", "node pool: onprem or cloud")
+	f.StringArrayVar(&labels, "label", nil, "node label key=value (repeatable)")
+	f.StringVar(&cfg.Blobs, "blobs", "", "blob store directory shared with the apiservers (default <data-dir>/blobs)")
+	f.IntVar(&cfg.Limits.Sandboxes, "max-sandboxes", 0, "sandboxes this node admits (0: 1000)")
+	f.StringVar(&cfg.Backend, "backend", "container", "sandbox backend: container, or fake (a simulated node)")
+	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
+	return cmd
+}

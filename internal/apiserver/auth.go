@@ -1,0 +1,272 @@
+package apiserver
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/iam"
+)
+
+// Authorization, in three steps:
+//
+//  1. authenticated resolves the bearer secret to an iam.Principal (Tokens)
+//     and puts it in the request context (iam.WithPrincipal).
+//  2. It checks the route's rule (routeRules, by the mux pattern): the
+//     role must hold the rule's action, within the caller's own scope, or at
+//     the root for cluster-wide writes. A reader cannot exec, a runner
+//     cannot build layers, a node token reaches no user route.
+//  3. Handlers narrow to the object: a create goes to the caller's project
+//     or one under it; list keeps the sandboxes of the caller's subtree;
+//     calls on one sandbox (get, exec, files, delete) check the sandbox's
+//     project. A sandbox outside the caller's scope answers exactly as a
+//     missing one does (404 sandbox_not_found, and 204 for a delete, which
+//     is idempotent), so sandbox ids leak nothing across projects. Project
+//     and token routes are authorized by iam itself: an out-of-scope
+//     project path is 403 (paths are names the caller chose, not secrets),
+//     an out-of-scope token id is 404.
+
+// Tokens authenticates bearer secrets. *iam.IAM implements it; StaticToken
+// stands in for one root admin secret (tests, embedded setups without IAM).
+type Tokens interface {
+	// Authenticate returns the principal secret stands for, or an
+	// ErrUnauthenticated (ErrUnavailable when the token store is away).
+	Authenticate(ctx context.Context, secret string) (iam.Principal, error)
+}
+
+// StaticToken accepts one secret, compared in constant time, as a root
+// admin.
+type StaticToken string
+
+// Authenticate implements Tokens.
+func (t StaticToken) Authenticate(_ context.Context, secret string) (iam.Principal, error) {
+	want, got := sha256.Sum256([]byte(t)), sha256.Sum256([]byte(secret))
+	if subtle.ConstantTimeCompare(want[:], got[:]) != 1 {
+		return iam.Principal{}, errdefs.New(errdefs.ErrUnauthenticated, api.CodeUnauthenticated, "invalid token")
+	}
+	return iam.Principal{TokenID: "static", Name: "static", Role: iam.RoleAdmin}, nil
+}
+
+// rule is what a route asks of its caller before its handler runs.
+type rule struct {
+	// action the caller's role must hold; "" lets any authenticated caller
+	// through (the handler, or iam, authorizes).
+	action iam.Action
+	// root checks the action at the root project, for writes to objects
+	// every project shares; otherwise at the caller's own scope.
+	root bool
+}
+
+// routeRules maps each mux pattern to its rule. A pattern missing here
+// needs a root admin: register new routes here.
+//
+// Layers and environments belong to no project yet: any builder may add
+// them, any reader read them, but deleting them (and GC) takes a
+// root-scoped builder, since other projects may depend on them.
+var routeRules = map[string]rule{
+	"POST /v1/sandboxes":                {action: iam.ActionSandboxCreate},
+	"GET /v1/sandboxes":                 {action: iam.ActionRead},
+	"GET /v1/sandboxes/{id}":            {action: iam.ActionRead},
+	"DELETE /v1/sandboxes/{id}":         {action: iam.ActionSandboxDelete},
+	"POST /v1/sandboxes/{id}/exec":      {action: iam.ActionSandboxExec},
+	"GET /v1/sandboxes/{id}/stat":       {action: iam.ActionSandboxFiles},
+	"GET /v1/sandboxes/{id}/files":      {action: iam.ActionSandboxFiles},
+	"PUT /v1/sandboxes/{id}/files":      {action: iam.ActionSandboxFiles},
+	"GET /v1/images":                    {action: iam.ActionRead},
+	"GET /v1/images/{name...}":          {action: iam.ActionRead},
+	"GET /v1/nodes":                     {action: iam.ActionRead},
+	"POST /v1/layers":                   {action: iam.ActionLayerWrite},
+	"GET /v1/layers":                    {action: iam.ActionRead},
+	"GET /v1/layers/{ref...}":           {action: iam.ActionRead},
+	"DELETE /v1/layers/{ref...}":        {action: iam.ActionLayerWrite, root: true},
+	"POST /v1/environments":             {action: iam.ActionEnvironmentWrite},
+	"GET /v1/environments":              {action: iam.ActionRead},
+	"GET /v1/environments/{ref...}":     {action: iam.ActionRead},
+	"DELETE /v1/environments/{ref...}":  {action: iam.ActionEnvironmentWrite, root: true},
+	"POST /v1/gc":                       {action: iam.ActionLayerWrite, root: true},
+	"POST /v1/images:import":            {action: iam.ActionEnvironmentWrite},
+	"GET /v1/environments/{ref}/export": {action: iam.ActionRead},
+	// iam authorizes these against the project or token they name.
+	"POST /v1/projects":             {},
+	"GET /v1/projects":              {},
+	"GET /v1/projects/{path...}":    {},
+	"PATCH /v1/projects/{path...}":  {},
+	"DELETE /v1/projects/{path...}": {},
+	"POST /v1/tokens":               {},
+	"GET /v1/tokens":                {},
+	"DELETE /v1/tokens/{id}":        {},
+	"/v1/":                          {}, // no such route: 404 to anyone authenticated
+}
+
+// unknownRoute is the rule of a pattern missing from routeRules.
+var unknownRoute = rule{action: iam.ActionProjectWrite, root: true}
+
+// authenticated authenticates and authorizes the caller by the route's
+// rule, runs h with the principal in the context and renders its error.
+func (s *Server) authenticated(h handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p, err := s.checkAuth(r)
+		if err == nil {
+			err = authorizeRoute(p, r.Pattern)
+		}
+		if err == nil {
+			err = h(w, r.WithContext(iam.WithPrincipal(r.Context(), p)))
+		}
+		if err != nil {
+			s.writeError(w, r, err)
+		}
+	})
+}
+
+func (s *Server) checkAuth(r *http.Request) (iam.Principal, error) {
+	h := r.Header.Get("Authorization")
+	tok, ok := strings.CutPrefix(h, "Bearer ")
+	if !ok || tok == "" {
+		return iam.Principal{}, errdefs.New(errdefs.ErrUnauthenticated, api.CodeUnauthenticated, "missing bearer token")
+	}
+	return s.cfg.Tokens.Authenticate(r.Context(), tok)
+}
+
+func authorizeRoute(p iam.Principal, pattern string) error {
+	ru, ok := routeRules[pattern]
+	if !ok {
+		ru = unknownRoute
+	}
+	if ru.action == "" {
+		return nil
+	}
+	project := p.Project
+	if ru.root {
+		project = ""
+	}
+	return iam.Authorize(p, ru.action, project)
+}
+
+// principal returns the caller authenticated sets in ctx. Without one (a
+// handler reached some other way) it is a principal with no role, which
+// every check refuses.
+func principal(ctx context.Context) iam.Principal {
+	p, _ := iam.PrincipalFrom(ctx)
+	return p
+}
+
+// errSandboxHidden is how a sandbox outside the caller's scope answers: the
+// same code and message as a missing one.
+func errSandboxHidden(id string) error {
+	return errdefs.New(errdefs.ErrNotFound, api.CodeSandboxNotFound, "sandbox %s not found", id)
+}
+
+type hiddenError struct{ error }
+
+func (e hiddenError) Unwrap() error { return e.error }
+
+// checkSandboxScope returns nil when the caller's scope holds the sandbox
+// id on n, and a 404 as for a missing sandbox otherwise. Root-scoped
+// callers skip the lookup; the others cost one Get the first time an id is
+// seen (a sandbox's project never changes and ids are never reused, so the
+// answer is cached).
+func (s *Server) checkSandboxScope(ctx context.Context, id string, n Node) error {
+	p, ok := iam.PrincipalFrom(ctx)
+	if ok && p.Project == "" {
+		return nil
+	}
+	project, known := s.projects.get(id)
+	if !known {
+		sb, err := n.Get(ctx, id)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return hiddenError{err}
+		}
+		if err != nil {
+			return err
+		}
+		project = sb.Project
+		s.projects.put(id, project)
+	}
+	if !ok || !iam.InScope(p.Project, project) {
+		return hiddenError{errSandboxHidden(id)}
+	}
+	return nil
+}
+
+// isHidden reports whether checkSandboxScope found the sandbox missing or
+// out of the caller's scope (the caller cannot tell which).
+func isHidden(err error) bool {
+	var h hiddenError
+	return errors.As(err, &h)
+}
+
+// listScope returns the project subtree a list shows: ?project= when
+// given (it must lie in the caller's scope: 403 otherwise), else the
+// caller's scope.
+func listScope(r *http.Request) (string, error) {
+	p, ok := iam.PrincipalFrom(r.Context())
+	if !ok {
+		return "", errdefs.New(errdefs.ErrForbidden, api.CodeForbidden, "no caller")
+	}
+	q, ok := r.URL.Query()["project"]
+	if !ok || len(q) == 0 {
+		return p.Project, nil
+	}
+	project, err := iam.CleanPath(q[0])
+	if err != nil {
+		return "", err
+	}
+	if err := iam.Authorize(p, iam.ActionRead, project); err != nil {
+		return "", err
+	}
+	return project, nil
+}
+
+// inScope keeps the sandboxes of list that lie in project's subtree.
+func inScope(list []api.Sandbox, project string) []api.Sandbox {
+	if project == "" {
+		return list
+	}
+	kept := list[:0]
+	for _, sb := range list {
+		if iam.InScope(project, sb.Project) {
+			kept = append(kept, sb)
+		}
+	}
+	return kept
+}
+
+// projectCache remembers which project a sandbox id belongs to. Bounded:
+// when full, a random tenth is dropped (entries are cheap to refetch).
+type projectCache struct {
+	mu sync.Mutex
+	m  map[string]string
+}
+
+const projectCacheSize = 1 << 17
+
+func (c *projectCache) get(id string) (string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p, ok := c.m[id]
+	return p, ok
+}
+
+func (c *projectCache) put(id, project string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[string]string{}
+	}
+	if len(c.m) >= projectCacheSize {
+		n := projectCacheSize / 10
+		for k := range c.m { // map order is random enough
+			delete(c.m, k)
+			if n--; n == 0 {
+				break
+			}
+		}
+	}
+	c.m[id] = project
+}

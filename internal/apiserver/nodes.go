@@ -1,0 +1,155 @@
+package apiserver
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/fleet"
+	"github.com/warrenhq/warren/internal/iam"
+	"github.com/warrenhq/warren/internal/node/nodeapi"
+	"github.com/warrenhq/warren/internal/store"
+)
+
+// Node registration through the apiserver, for agents started with
+// --apiserver that have no access to etcd. They call it with the node
+// token: the cluster's shared node secret (Config.NodeTokens), or an IAM
+// token of role node.
+//
+//	PUT    /v1/nodes/{id}/lease              LeaseRequest -> LeaseAnswer
+//	POST   /v1/node-leases/{lease}/keepalive 204, or 404 once the lease is gone
+//	DELETE /v1/node-leases/{lease}           204: revoke, deleting the registration
+//	DELETE /v1/nodes/{id}/lease              204: delete the registration
+
+// maxRegistrationTTL bounds a lease an agent asks for: a node that dies
+// must drop out of the fleet within it.
+const maxRegistrationTTL = time.Minute
+
+func (s *Server) nodeRoutes() {
+	h := s.nodeAuthenticated
+	s.mux.Handle("PUT /v1/nodes/{id}/lease", h(s.registerNode))
+	s.mux.Handle("POST /v1/node-leases/{lease}/keepalive", h(s.keepAliveNode))
+	s.mux.Handle("DELETE /v1/node-leases/{lease}", h(s.revokeNode))
+	s.mux.Handle("DELETE /v1/nodes/{id}/lease", h(s.deregisterNode))
+}
+
+// nodeAuthenticated lets through the callers that may register nodes.
+func (s *Server) nodeAuthenticated(h handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		err := s.checkNodeAuth(r)
+		if err == nil && s.cfg.Registrations == nil {
+			err = errdefs.Unavailable("this apiserver registers no nodes")
+		}
+		if err == nil {
+			err = h(w, r)
+		}
+		if err != nil {
+			s.writeError(w, r, err)
+		}
+	})
+}
+
+func (s *Server) checkNodeAuth(r *http.Request) error {
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || tok == "" {
+		return errdefs.New(errdefs.ErrUnauthenticated, api.CodeUnauthenticated, "missing bearer token")
+	}
+	if s.cfg.NodeTokens != nil && s.cfg.NodeTokens.Check(r.Context(), tok) == nil {
+		return nil
+	}
+	if s.cfg.Tokens == nil {
+		return errdefs.New(errdefs.ErrUnauthenticated, api.CodeUnauthenticated, "invalid node token")
+	}
+	p, err := s.cfg.Tokens.Authenticate(r.Context(), tok)
+	if err != nil {
+		return err
+	}
+	return iam.Authorize(p, iam.ActionNode, "")
+}
+
+func (s *Server) registerNode(w http.ResponseWriter, r *http.Request) error {
+	id := r.PathValue("id")
+	var req nodeapi.LeaseRequest
+	if err := decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	n := req.Node
+	if n.ID != id {
+		return errdefs.Invalid("registration of node %q at /v1/nodes/%s", n.ID, id)
+	}
+	if n.Address == "" {
+		return errdefs.Invalid("registration of node %s: no address", id)
+	}
+	ttl := req.TTL.D()
+	if ttl <= 0 || ttl > maxRegistrationTTL {
+		return errdefs.Invalid("registration ttl %v: want 1s..%v", ttl, maxRegistrationTTL)
+	}
+	// Only what a registration holds: usage and health come from polls.
+	reg := api.Node{ID: id, Address: n.Address, Pool: n.Pool, Labels: n.Labels, Backends: n.Backends, Capacity: n.Capacity}
+	if reg.Pool == "" {
+		reg.Pool = api.PoolOnPrem
+	}
+	if reg.Pool != api.PoolOnPrem && reg.Pool != api.PoolCloud {
+		return errdefs.Invalid("node pool %q: want %s or %s", reg.Pool, api.PoolOnPrem, api.PoolCloud)
+	}
+	value, err := json.Marshal(reg)
+	if err != nil {
+		return err
+	}
+	if err := fleet.Remember(r.Context(), s.cfg.Registrations, id); err != nil {
+		return err
+	}
+	lease, err := s.cfg.Registrations.PutWithLease(r.Context(), fleet.Key(id), value, ttl)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, nodeapi.LeaseAnswer{Lease: int64(lease)})
+}
+
+func leaseParam(r *http.Request) (store.LeaseID, error) {
+	n, err := strconv.ParseInt(r.PathValue("lease"), 10, 64)
+	if err != nil || n <= 0 {
+		return 0, errdefs.Invalid("lease %q: want a positive integer", r.PathValue("lease"))
+	}
+	return store.LeaseID(n), nil
+}
+
+func (s *Server) keepAliveNode(w http.ResponseWriter, r *http.Request) error {
+	lease, err := leaseParam(r)
+	if err != nil {
+		return err
+	}
+	// Bounded: with etcd down, KeepAlive waits for its context.
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	if err := s.cfg.Registrations.KeepAlive(ctx, lease); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) revokeNode(w http.ResponseWriter, r *http.Request) error {
+	lease, err := leaseParam(r)
+	if err != nil {
+		return err
+	}
+	if err := s.cfg.Registrations.Revoke(r.Context(), lease); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) deregisterNode(w http.ResponseWriter, r *http.Request) error {
+	if err := s.cfg.Registrations.Delete(r.Context(), fleet.Key(r.PathValue("id"))); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}

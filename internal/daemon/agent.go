@@ -1,0 +1,256 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/backend"
+	"github.com/warrenhq/warren/internal/backend/container"
+	"github.com/warrenhq/warren/internal/backend/fake"
+	"github.com/warrenhq/warren/internal/blob"
+	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/fleet"
+	"github.com/warrenhq/warren/internal/image"
+	"github.com/warrenhq/warren/internal/node"
+	"github.com/warrenhq/warren/internal/node/nodeapi"
+	"github.com/warrenhq/warren/internal/store"
+)
+
+// AgentConfig configures `warren agent`: one node agent that serves the
+// node API and registers itself in the fleet, through etcd (Etcd) or
+// through an apiserver (APIServer).
+type AgentConfig struct {
+	// DataDir holds the node's state: its id, sandbox records, the
+	// container backend's state, runc's root, the layer cache and mounts.
+	// Agents on one host need distinct data dirs and nothing else: the
+	// node id (from the data dir) also names the cgroup parent
+	// /warren/<node id>.
+	DataDir string
+	// Listen is the node API's address; Advertise is the address
+	// apiservers dial (default: Listen, with an unspecified host replaced
+	// by this host's address towards the control plane).
+	Listen, Advertise string
+	// Etcd or APIServers: where the node registers (any apiserver of the
+	// list serves, the first that answers is used).
+	Etcd       []string
+	APIServers []string
+	// Token is the node token: apiservers present it to the node API, and
+	// the agent presents it to an apiserver to register.
+	Token string
+	// Pool is api.PoolOnPrem (default) or api.PoolCloud; Labels are
+	// matched by placement.
+	Pool   string
+	Labels map[string]string
+	// Blobs is the blob store directory every node and apiserver share
+	// (a distributed filesystem mount across hosts). Default
+	// <DataDir>/blobs.
+	Blobs  string
+	Limits node.Limits
+	// Backend is "container" (default), or "fake" to run a simulated node
+	// (tests and control-plane benchmarks).
+	Backend string
+	// RegistrationTTL is how long the registration outlives the agent
+	// (default fleet.DefaultTTL).
+	RegistrationTTL time.Duration
+	Log             *slog.Logger
+	// Ready, if set, is called once the node API serves and the node is
+	// registered for the first time, with the node API's address.
+	Ready func(addr string)
+}
+
+// Agent runs a node agent until ctx ends. Sandboxes outlive it: a later
+// Agent on the same data dir re-adopts them; a restart within the
+// registration TTL is not even noticed as a lost node.
+func Agent(ctx context.Context, cfg AgentConfig) error {
+	log := cfg.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	if cfg.Token == "" {
+		return errdefs.Invalid("agent: a node token is required (--token)")
+	}
+	if (len(cfg.Etcd) == 0) == (len(cfg.APIServers) == 0) {
+		return errdefs.Invalid("agent: give --etcd or --apiserver (one of them)")
+	}
+	dir, err := filepath.Abs(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	start := time.Now()
+	nodeID, err := loadOrCreate(filepath.Join(dir, "node-id"), func() string { return "n" + randomHex(4) })
+	if err != nil {
+		return err
+	}
+
+	blobDir := cfg.Blobs
+	if blobDir == "" {
+		blobDir = filepath.Join(dir, "blobs")
+	}
+	blobs, err := blob.NewDir(blobDir)
+	if err != nil {
+		return err
+	}
+	nodeDir := filepath.Join(dir, "node")
+	cache := image.NewCache(filepath.Join(nodeDir, "cache"), blobs)
+	var b backend.Backend
+	switch cfg.Backend {
+	case "", api.BackendContainer:
+		b, err = container.New(container.Config{
+			StateDir:     filepath.Join(nodeDir, "container"),
+			RuncRoot:     filepath.Join(nodeDir, "runc"),
+			CgroupParent: "/warren/" + nodeID,
+			Mounts:       image.NewMounts(filepath.Join(nodeDir, "layers")),
+		})
+	case "fake":
+		b, err = fake.New(filepath.Join(nodeDir, "fake"), fake.Options{Name: api.BackendContainer})
+	default:
+		err = errdefs.Invalid("agent: backend %q: want container or fake", cfg.Backend)
+	}
+	if err != nil {
+		return err
+	}
+	// No Images: the apiserver resolves images and sends them with each
+	// create, so the node needs only the blob store.
+	agent, err := node.New(ctx, node.Config{
+		ID:       nodeID,
+		StateDir: filepath.Join(nodeDir, "sandboxes"),
+		Backends: []backend.Backend{b},
+		Layers:   cache,
+		Limits:   cfg.Limits,
+		Log:      log,
+	})
+	if err != nil {
+		return err
+	}
+	if err := agent.Start(ctx); err != nil {
+		return err
+	}
+	defer agent.Close()
+	go newLayerCollector(nil, agentLayers(agent), cache, log).run(ctx)
+
+	var leaser fleet.Leaser
+	var peer string // a control-plane address, to find our own
+	if len(cfg.Etcd) > 0 {
+		st, err := store.DialEtcd(cfg.Etcd, "")
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		leaser, peer = st, hostPort(cfg.Etcd[0])
+	} else {
+		leaser, peer = nodeapi.NewRegistrations(cfg.APIServers, cfg.Token, nil), hostPort(cfg.APIServers[0])
+	}
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	addr := cfg.Advertise
+	if addr == "" {
+		addr = advertise(ln.Addr().(*net.TCPAddr), peer)
+	}
+	srv := &http.Server{Handler: nodeapi.NewServer(agent, nodeapi.Secret(cfg.Token), log), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+
+	status := agent.Status()
+	reg, err := fleet.NewRegistrar(fleet.RegistrarConfig{
+		Store: leaser,
+		Node: api.Node{ID: nodeID, Address: addr, Pool: cfg.Pool, Labels: cfg.Labels,
+			Backends: status.Backends, Capacity: status.Capacity},
+		TTL: cfg.RegistrationTTL,
+		Log: log,
+	})
+	if err != nil {
+		srv.Close()
+		return err
+	}
+	rctx, stopReg := context.WithCancel(ctx)
+	regDone := make(chan struct{})
+	go func() { reg.Run(rctx); close(regDone) }()
+	defer func() { stopReg(); <-regDone }()
+
+	// Ready once registered, so that a caller may place on the node.
+	for reg.Lease() == 0 {
+		select {
+		case <-ctx.Done():
+			srv.Close()
+			return nil
+		case err := <-errc:
+			return err
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	log.Info("warren agent is up", "node", nodeID, "addr", ln.Addr().String(), "advertise", addr, "data_dir", dir,
+		"pool", orDefault(cfg.Pool, api.PoolOnPrem), "backends", status.Backends, "startup", time.Since(start).Round(time.Millisecond))
+	if cfg.Ready != nil {
+		cfg.Ready(ln.Addr().String())
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		return err
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return nil
+}
+
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// hostPort returns the host:port of an endpoint given as a URL or as
+// host:port.
+func hostPort(endpoint string) string {
+	if u, err := url.Parse(endpoint); err == nil && u.Host != "" {
+		if u.Port() == "" {
+			if u.Scheme == "https" {
+				return net.JoinHostPort(u.Hostname(), "443")
+			}
+			return net.JoinHostPort(u.Hostname(), "80")
+		}
+		return u.Host
+	}
+	return endpoint
+}
+
+// advertise is the address apiservers should dial for a listener on l:
+// l itself when its host is specific, otherwise this host's address on
+// the route to peer (a control-plane endpoint), with l's port.
+func advertise(l *net.TCPAddr, peer string) string {
+	port := fmt.Sprint(l.Port)
+	if !l.IP.IsUnspecified() {
+		return net.JoinHostPort(l.IP.String(), port)
+	}
+	// A UDP "dial" sends nothing: it only picks the route.
+	if c, err := net.Dial("udp", peer); err == nil {
+		defer c.Close()
+		if ua, ok := c.LocalAddr().(*net.UDPAddr); ok {
+			return net.JoinHostPort(ua.IP.String(), port)
+		}
+	}
+	if h, err := os.Hostname(); err == nil && !strings.ContainsAny(h, " /") {
+		return net.JoinHostPort(h, port)
+	}
+	return net.JoinHostPort("127.0.0.1", port)
+}

@@ -1,0 +1,281 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/warrenhq/warren/internal/apiserver"
+	"github.com/warrenhq/warren/internal/blob"
+	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/fleet"
+	"github.com/warrenhq/warren/internal/iam"
+	"github.com/warrenhq/warren/internal/image"
+	"github.com/warrenhq/warren/internal/image/oci"
+	"github.com/warrenhq/warren/internal/node/nodeapi"
+	"github.com/warrenhq/warren/internal/placement"
+	"github.com/warrenhq/warren/internal/store"
+)
+
+// APIServerConfig configures `warren apiserver`: one stateless replica of
+// the API over an etcd cluster and a fleet of agents.
+type APIServerConfig struct {
+	// DataDir holds what this replica keeps locally: the admin-token and
+	// node-token files (when it bootstrapped the cluster, or was given
+	// them), scratch space for layer builds and OCI imports, and a layer
+	// cache for exports. Nothing in it is needed to serve.
+	DataDir string
+	Listen  string
+	Etcd    []string
+	// Blobs is the blob store directory every apiserver and node share.
+	// Default <DataDir>/blobs (one host only).
+	Blobs string
+	// NodeToken is the secret presented to node agents and accepted from
+	// agents that register through this apiserver. Empty: the cluster's,
+	// created in etcd by the first apiserver.
+	NodeToken string
+	// Placement tunes placement (K, strategy, burst pool, retries).
+	Placement placement.Config
+	// Fleet tunes the fleet watcher's polls (interval, timeout, misses).
+	Fleet fleet.Config
+	// Refresh is how often each node is re-listed (apiserver.RouterConfig).
+	Refresh time.Duration
+	Log     *slog.Logger
+	// Ready, if set, is called once the API serves, with its address.
+	Ready func(addr string)
+}
+
+// Bootstrap keys in etcd.
+const (
+	// nodeTokenKey holds the cluster's node secret, readable by every
+	// apiserver (they present it to agents).
+	nodeTokenKey = "/cluster/node-token"
+	// adminBootstrapKey is claimed by the apiserver that creates the
+	// first admin token: that one, and only that one, writes it to its
+	// <data-dir>/admin-token.
+	adminBootstrapKey = "/cluster/admin-bootstrap"
+)
+
+// NodeTokenFile is the node token's file name under an apiserver's data
+// dir: pass its content to `warren agent --token`.
+const NodeTokenFile = "node-token"
+
+// APIServer runs one apiserver replica until ctx ends.
+func APIServer(ctx context.Context, cfg APIServerConfig) error {
+	log := cfg.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	if len(cfg.Etcd) == 0 {
+		return errdefs.Invalid("apiserver: --etcd is required")
+	}
+	dir, err := filepath.Abs(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	start := time.Now()
+	st, err := store.DialEtcd(cfg.Etcd, "")
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	// Fail fast when etcd is not there, rather than serve 503s.
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	_, err = st.Get(pctx, nodeTokenKey)
+	cancel()
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return fmt.Errorf("etcd %v: %w", cfg.Etcd, err)
+	}
+
+	blobDir := cfg.Blobs
+	if blobDir == "" {
+		blobDir = filepath.Join(dir, "blobs")
+	}
+	blobs, err := blob.NewDir(blobDir)
+	if err != nil {
+		return err
+	}
+	images := image.NewRegistry(st, blobs, image.WithWorkDir(filepath.Join(dir, "tmp")), image.WithLogger(log))
+	if _, err := images.EnsureBusybox(ctx, filepath.Join(dir, "tmp")); err != nil {
+		log.Error("busybox image unavailable", "err", err)
+	}
+
+	nodeToken := cfg.NodeToken
+	if nodeToken == "" {
+		if nodeToken, err = clusterSecret(ctx, st, nodeTokenKey); err != nil {
+			return fmt.Errorf("node token: %w", err)
+		}
+		if err := writeSecret(filepath.Join(dir, NodeTokenFile), nodeToken); err != nil {
+			return err
+		}
+	}
+	admin, err := bootstrapAdmin(ctx, st, filepath.Join(dir, AdminTokenFile))
+	if err != nil {
+		return fmt.Errorf("admin token: %w", err)
+	}
+	ids, err := clusterIAM(ctx, st, admin, log)
+	if err != nil {
+		return err
+	}
+
+	clients := nodeapi.NewClients(nodeToken, nil)
+	fc := cfg.Fleet
+	fc.Store, fc.Source, fc.Log = st, clients, log
+	watcher, err := fleet.New(fc)
+	if err != nil {
+		return err
+	}
+	router, err := apiserver.NewRouter(apiserver.RouterConfig{
+		Fleet:     watcher,
+		Clients:   clients,
+		Placement: cfg.Placement,
+		Images:    images,
+		Known:     func(ctx context.Context, id string) (bool, error) { return fleet.Known(ctx, st, id) },
+		Usage:     ids.Usage,
+		Refresh:   cfg.Refresh,
+		Log:       log,
+	})
+	if err != nil {
+		return err
+	}
+	wctx, stopFleet := context.WithCancel(ctx)
+	fleetDone := make(chan struct{})
+	go func() { watcher.Run(wctx); close(fleetDone) }()
+	defer func() { stopFleet(); <-fleetDone }()
+	// Serve once the view is whole: placing before every node answered
+	// once would see nodes without their usage.
+	select {
+	case <-watcher.Ready():
+	case <-time.After(15 * time.Second):
+		log.Warn("fleet view not complete after 15s; serving anyway")
+	case <-ctx.Done():
+		return nil
+	}
+	go router.Run(wctx)
+
+	collector := newLayerCollector(images, router.LiveLayers, nil, log)
+	go collector.run(ctx)
+	exportDir := filepath.Join(dir, "export")
+	srvAPI := apiserver.New(apiserver.Config{
+		Cluster:        router,
+		Images:         images,
+		Layers:         images,
+		CollectGarbage: collector.kick,
+		OCI: &oci.Service{
+			Importer: oci.Importer{Store: images, WorkDir: filepath.Join(dir, "tmp", "oci"), Limits: oci.DefaultLimits},
+			Layers: oci.NodeLayers{
+				Cache:  image.NewCache(filepath.Join(exportDir, "cache"), blobs),
+				Mounts: image.NewMounts(filepath.Join(exportDir, "layers")),
+			},
+		},
+		Tokens:        ids.IAM,
+		IAM:           ids.IAM,
+		Idempotency:   ids.Idempotency,
+		Usage:         ids.Usage,
+		Registrations: st,
+		NodeTokens:    nodeapi.Secret(nodeToken),
+		Log:           log,
+	})
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	srv := &http.Server{Handler: srvAPI, ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	attrs := []any{"addr", ln.Addr().String(), "etcd", strings.Join(cfg.Etcd, ","), "data_dir", dir,
+		"nodes", len(watcher.Snapshot()), "startup", time.Since(start).Round(time.Millisecond)}
+	if admin != "" {
+		attrs = append(attrs, "admin_token_file", filepath.Join(dir, AdminTokenFile))
+	}
+	log.Info("warren apiserver is up", attrs...)
+	if cfg.Ready != nil {
+		cfg.Ready(ln.Addr().String())
+	}
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		return err
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return nil
+}
+
+// clusterSecret returns the secret under key, creating a random one if
+// there is none yet (the first apiserver of a cluster does).
+func clusterSecret(ctx context.Context, st store.Store, key string) (string, error) {
+	for range 3 {
+		kv, err := st.Get(ctx, key)
+		if err == nil {
+			return strings.TrimSpace(string(kv.Value)), nil
+		}
+		if !errors.Is(err, errdefs.ErrNotFound) {
+			return "", err
+		}
+		err = st.Create(ctx, key, []byte(randomHex(32)))
+		if err != nil && !errors.Is(err, errdefs.ErrConflict) {
+			return "", err
+		}
+	}
+	return "", errdefs.New(errdefs.ErrConflict, "", "cluster secret %s changed concurrently", key)
+}
+
+// bootstrapAdmin returns the admin secret this apiserver registers at
+// start: the one in file if it exists (kept from an earlier start, or put
+// there by an operator); else a new one, written to file, if this is the
+// first apiserver of the cluster (it wins the create of the bootstrap
+// key); else "" (another apiserver made the admin token).
+func bootstrapAdmin(ctx context.Context, st store.Store, file string) (string, error) {
+	if b, err := os.ReadFile(file); err == nil {
+		if v := strings.TrimSpace(string(b)); v != "" {
+			return v, nil
+		}
+	} else if !os.IsNotExist(err) {
+		return "", err
+	}
+	host, _ := os.Hostname()
+	mark := fmt.Sprintf(`{"host":%q,"file":%q,"at":%q}`, host, file, time.Now().UTC().Format(time.RFC3339))
+	err := st.Create(ctx, adminBootstrapKey, []byte(mark))
+	if errors.Is(err, errdefs.ErrConflict) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	secret := randomHex(32)
+	if err := writeSecret(file, secret); err != nil {
+		return "", err
+	}
+	return secret, nil
+}
+
+func writeSecret(path, secret string) error {
+	return os.WriteFile(path, []byte(secret+"\n"), 0o600)
+}
+
+// clusterIAM is startIAM for a replica that may have no admin secret to
+// register (another apiserver bootstrapped the cluster).
+func clusterIAM(ctx context.Context, st store.Store, admin string, log *slog.Logger) (*iamParts, error) {
+	if admin != "" {
+		return startIAM(ctx, st, admin, log)
+	}
+	usage := apiserver.NewUsage()
+	m := iam.New(st, iam.Options{Usage: usage, CommitHold: -1})
+	// Idempotency keys are swept by the replica that bootstrapped; any
+	// replica's sweep would do, and one is enough.
+	return &iamParts{IAM: m, Idempotency: iam.NewIdempotency(st, iam.IdempotencyOptions{}), Usage: usage}, nil
+}

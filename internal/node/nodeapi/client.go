@@ -1,0 +1,406 @@
+package nodeapi
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/fleet"
+	"github.com/warrenhq/warren/internal/httperr"
+	"github.com/warrenhq/warren/internal/node"
+)
+
+// NewTransport returns an HTTP transport sized for an apiserver that
+// talks to many nodes at a high rate: connections are kept and reused,
+// dials give up after a few seconds, dead peers are found by TCP
+// keepalives, and nothing else is timed (exec and file streams last as long
+// as their context).
+func NewTransport() *http.Transport {
+	return &http.Transport{
+		Proxy: nil, // node addresses are never proxied
+		// Probes find a peer that vanished without a reset (a cut link)
+		// within about 20 s, so a stream to it does not hang for good.
+		DialContext: (&net.Dialer{Timeout: 3 * time.Second, KeepAliveConfig: net.KeepAliveConfig{
+			Enable: true, Idle: 5 * time.Second, Interval: 5 * time.Second, Count: 3,
+		}}).DialContext,
+		MaxIdleConns:        4096,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
+		ForceAttemptHTTP2:   false,
+	}
+}
+
+// Client calls the node API of one node. It implements the apiserver's
+// Node interface. It is safe for concurrent use.
+type Client struct {
+	id    string
+	base  string // http://host:port
+	token string
+	hc    *http.Client
+}
+
+// NewClient returns a client of node id at addr ("host:port" or an
+// http(s) URL), presenting token. A nil hc uses a client over
+// NewTransport.
+func NewClient(id, addr, token string, hc *http.Client) *Client {
+	if hc == nil {
+		hc = &http.Client{Transport: NewTransport()}
+	}
+	return &Client{id: id, base: baseURL(addr), token: token, hc: hc}
+}
+
+func baseURL(addr string) string {
+	if !strings.Contains(addr, "://") {
+		addr = "http://" + addr
+	}
+	return strings.TrimRight(addr, "/")
+}
+
+// ID returns the node's id.
+func (c *Client) ID() string { return c.id }
+
+// Addr returns the node API's base URL.
+func (c *Client) Addr() string { return c.base }
+
+// do sends one call and returns the response if its status is 2xx; any
+// other answer is read into its classified error.
+func (c *Client) do(ctx context.Context, method, path string, q url.Values, contentType string, body io.Reader) (*http.Response, error) {
+	u := c.base + path
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, c.transportErr(ctx, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		return nil, httperr.Read(resp)
+	}
+	return resp, nil
+}
+
+// transportErr classifies a call that got no answer. The caller's own
+// cancellation stays what it is.
+func (c *Client) transportErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	e := &errdefs.Error{
+		Kind: errdefs.ErrUnavailable, Code: api.CodeNodeUnreachable, RetryAfter: time.Second,
+		Msg: fmt.Sprintf("node %s at %s did not answer: %v", c.id, c.base, unwrapURL(err)),
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return notSentError{e}
+	}
+	return e
+}
+
+// notSentError is a call that never reached its node: the connection was
+// not made, so nothing happened there.
+type notSentError struct{ err *errdefs.Error }
+
+func (e notSentError) Error() string { return e.err.Error() }
+func (e notSentError) Unwrap() error { return e.err }
+
+// NotSent reports whether err is a call that never reached its node (the
+// connection could not be made), so that a create may safely be tried on
+// another node: the node cannot have created anything.
+func NotSent(err error) bool {
+	var ns notSentError
+	return errors.As(err, &ns)
+}
+
+func unwrapURL(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}
+
+// doJSON sends in (if not nil) as JSON and decodes a 2xx answer into out
+// (if not nil).
+func (c *Client) doJSON(ctx context.Context, method, path string, q url.Values, in, out any) error {
+	var body io.Reader
+	ct := ""
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body, ct = bytes.NewReader(b), "application/json"
+	}
+	resp, err := c.do(ctx, method, path, q, ct, body)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return c.transportErr(ctx, fmt.Errorf("decode answer: %w", err))
+	}
+	return nil
+}
+
+func sandboxPath(id, suffix string) string {
+	return "/v1/sandboxes/" + url.PathEscape(id) + suffix
+}
+
+// Status asks the node for its status.
+func (c *Client) Status(ctx context.Context) (api.Node, error) {
+	var n api.Node
+	err := c.doJSON(ctx, http.MethodGet, "/v1/status", nil, nil, &n)
+	return n, err
+}
+
+// Create asks the node to create a sandbox, resolving its image itself.
+func (c *Client) Create(ctx context.Context, req api.CreateSandboxRequest) (api.Sandbox, error) {
+	var sb api.Sandbox
+	err := c.doJSON(ctx, http.MethodPost, "/v1/sandboxes", nil, CreateRequest{Request: req}, &sb)
+	return sb, err
+}
+
+// CreateFrom asks the node to create a sandbox from img, which the caller
+// resolved from req's image or layers.
+func (c *Client) CreateFrom(ctx context.Context, req api.CreateSandboxRequest, img api.Image) (api.Sandbox, error) {
+	var sb api.Sandbox
+	err := c.doJSON(ctx, http.MethodPost, "/v1/sandboxes", nil, CreateRequest{Request: req, Image: &img}, &sb)
+	return sb, err
+}
+
+// Get returns one sandbox.
+func (c *Client) Get(ctx context.Context, id string) (api.Sandbox, error) {
+	var sb api.Sandbox
+	err := c.doJSON(ctx, http.MethodGet, sandboxPath(id, ""), nil, nil, &sb)
+	return sb, err
+}
+
+// FilterQuery encodes f as ParseFilter reads it.
+func FilterQuery(f node.Filter) url.Values {
+	q := url.Values{}
+	if f.State != "" {
+		q.Set("state", f.State)
+	}
+	for k, v := range f.Labels {
+		q.Add("label", k+"="+v)
+	}
+	return q
+}
+
+// List returns the node's sandboxes that match f.
+func (c *Client) List(ctx context.Context, f node.Filter) ([]api.Sandbox, error) {
+	var list api.SandboxList
+	if err := c.doJSON(ctx, http.MethodGet, "/v1/sandboxes", FilterQuery(f), nil, &list); err != nil {
+		return nil, err
+	}
+	if list.Sandboxes == nil {
+		list.Sandboxes = []api.Sandbox{}
+	}
+	return list.Sandboxes, nil
+}
+
+// Delete destroys a sandbox; deleting one that is gone succeeds.
+func (c *Client) Delete(ctx context.Context, id string) error {
+	return c.doJSON(ctx, http.MethodDelete, sandboxPath(id, ""), nil, nil, nil)
+}
+
+// maxEventLine bounds one NDJSON line of an exec stream: a write of the
+// command's output, base64-encoded, plus the envelope.
+const maxEventLine = 8 << 20
+
+// Exec runs a command in a sandbox. With stdout and stderr both nil the
+// output comes back in the result; otherwise it streams to them as the
+// node sends it, and the result carries none.
+func (c *Client) Exec(ctx context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (api.ExecResult, error) {
+	if stdout == nil && stderr == nil {
+		req.Stream = false
+		var res api.ExecResult
+		err := c.doJSON(ctx, http.MethodPost, sandboxPath(id, "/exec"), nil, req, &res)
+		return res, err
+	}
+	req.Stream = true
+	b, err := json.Marshal(req)
+	if err != nil {
+		return api.ExecResult{}, err
+	}
+	resp, err := c.do(ctx, http.MethodPost, sandboxPath(id, "/exec"), nil, "application/json", bytes.NewReader(b))
+	if err != nil {
+		return api.ExecResult{}, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 0, 64<<10), maxEventLine)
+	for sc.Scan() {
+		var ev Event
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			return api.ExecResult{}, c.transportErr(ctx, fmt.Errorf("exec stream: %w", err))
+		}
+		switch {
+		case ev.Result != nil:
+			return *ev.Result, nil
+		case ev.Error != nil:
+			return api.ExecResult{}, httperr.FromAPI(ev.Status, *ev.Error)
+		}
+		w := stdout
+		if ev.Stream == "stderr" {
+			w = stderr
+		}
+		if w == nil {
+			continue
+		}
+		data, err := DecodeOutput(ev.Data, ev.Encoding)
+		if err != nil {
+			return api.ExecResult{}, c.transportErr(ctx, fmt.Errorf("exec stream: %w", err))
+		}
+		w.Write(data)
+	}
+	err = sc.Err()
+	if err == nil {
+		err = io.ErrUnexpectedEOF
+	}
+	return api.ExecResult{}, c.transportErr(ctx, fmt.Errorf("exec stream ended without a result: %w", err))
+}
+
+// DecodeOutput is the inverse of node.EncodeOutput.
+func DecodeOutput(data, encoding string) ([]byte, error) {
+	switch encoding {
+	case api.EncodingUTF8:
+		return []byte(data), nil
+	case api.EncodingBase64:
+		return base64.StdEncoding.DecodeString(data)
+	}
+	return nil, fmt.Errorf("unknown output encoding %q", encoding)
+}
+
+// Stat describes a path inside a sandbox.
+func (c *Client) Stat(ctx context.Context, id, path string) (api.FileInfo, error) {
+	var fi api.FileInfo
+	err := c.doJSON(ctx, http.MethodGet, sandboxPath(id, "/stat"), url.Values{"path": {path}}, nil, &fi)
+	return fi, err
+}
+
+// WriteFile streams r into one regular file inside a sandbox.
+func (c *Client) WriteFile(ctx context.Context, id, path string, mode uint32, r io.Reader) error {
+	q := url.Values{"path": {path}, "mode": {strconv.FormatUint(uint64(mode), 8)}}
+	return c.upload(ctx, id, q, "application/octet-stream", r)
+}
+
+// WriteTar streams a tar into dir inside a sandbox.
+func (c *Client) WriteTar(ctx context.Context, id, dir string, r io.Reader) error {
+	return c.upload(ctx, id, url.Values{"path": {dir}}, tarType, r)
+}
+
+func (c *Client) upload(ctx context.Context, id string, q url.Values, ct string, r io.Reader) error {
+	// NopCloser: the transport closes the body it sends, and r is the
+	// caller's to close.
+	resp, err := c.do(ctx, http.MethodPut, sandboxPath(id, "/files"), q, ct, io.NopCloser(r))
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
+}
+
+// ReadFile streams one regular file out of a sandbox into w.
+func (c *Client) ReadFile(ctx context.Context, id, path string, w io.Writer) error {
+	return c.download(ctx, id, url.Values{"path": {path}, "format": {"file"}}, w)
+}
+
+// ReadTar streams a tar of a path inside a sandbox into w.
+func (c *Client) ReadTar(ctx context.Context, id, path string, w io.Writer) error {
+	return c.download(ctx, id, url.Values{"path": {path}, "format": {"tar"}}, w)
+}
+
+func (c *Client) download(ctx context.Context, id string, q url.Values, w io.Writer) error {
+	resp, err := c.do(ctx, http.MethodGet, sandboxPath(id, "/files"), q, "", nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		// A short body: the node cut the stream after an error.
+		return fmt.Errorf("node %s: file stream cut short: %w", c.id, err)
+	}
+	return nil
+}
+
+// Clients keeps one Client per node over a shared transport, all
+// presenting the same token, and polls them for the fleet watcher. It is
+// safe for concurrent use.
+type Clients struct {
+	token string
+	hc    *http.Client
+
+	mu sync.Mutex
+	m  map[string]*Client
+}
+
+// NewClients returns an empty set of clients presenting token. A nil hc
+// uses a client over NewTransport.
+func NewClients(token string, hc *http.Client) *Clients {
+	if hc == nil {
+		hc = &http.Client{Transport: NewTransport()}
+	}
+	return &Clients{token: token, hc: hc, m: map[string]*Client{}}
+}
+
+// Node returns the client of node id at addr, made on first use and
+// remade when the node's address changes.
+func (cs *Clients) Node(id, addr string) *Client {
+	base := baseURL(addr)
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	c := cs.m[id]
+	if c == nil || c.base != base {
+		c = &Client{id: id, base: base, token: cs.token, hc: cs.hc}
+		cs.m[id] = c
+	}
+	return c
+}
+
+// Forget drops the client of a node that left.
+func (cs *Clients) Forget(id string) {
+	cs.mu.Lock()
+	delete(cs.m, id)
+	cs.mu.Unlock()
+}
+
+// Status implements fleet.StatusSource: it polls the node at n.Address.
+func (cs *Clients) Status(ctx context.Context, n api.Node) (api.Node, error) {
+	if n.Address == "" {
+		return api.Node{}, errdefs.Unavailable("node %s registered no address", n.ID)
+	}
+	return cs.Node(n.ID, n.Address).Status(ctx)
+}
+
+var _ fleet.StatusSource = (*Clients)(nil)

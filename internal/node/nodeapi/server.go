@@ -1,0 +1,375 @@
+// Package nodeapi is the node agent's HTTP API: what apiservers call to
+// create sandboxes on one node, inspect and delete them, run commands in
+// them, move files in and out, and poll the node's status. Server serves an
+// agent on its --listen address; Client calls one node and implements the
+// apiserver's Node interface over HTTP; Clients keeps one Client per node
+// and polls them for the fleet watcher (fleet.StatusSource).
+//
+// Paths mirror REST v1 (/v1/sandboxes/...), with two differences: a create
+// carries the image the apiserver already resolved, so a node reads no
+// registry (it needs only the blob store), and an exec stream's error event
+// carries the error's HTTP status, so its kind survives the hop. Errors are
+// rendered and read with internal/httperr: a node's 429 node_full comes
+// back to the apiserver as errdefs.ErrExhausted with its Retry-After.
+// Bodies stream both ways; nothing is buffered whole.
+//
+// Every call but /healthz carries a bearer token that the server's
+// Authenticator accepts: today the cluster's shared node secret (Secret),
+// later an IAM check of node-role tokens.
+package nodeapi
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/httperr"
+	"github.com/warrenhq/warren/internal/node"
+)
+
+// Agent is what the server needs of a node agent; *node.Agent is one.
+type Agent interface {
+	ID() string
+	Status() api.Node
+	Create(ctx context.Context, req api.CreateSandboxRequest) (api.Sandbox, error)
+	CreateFrom(ctx context.Context, req api.CreateSandboxRequest, img api.Image) (api.Sandbox, error)
+	Get(ctx context.Context, id string) (api.Sandbox, error)
+	List(ctx context.Context, f node.Filter) ([]api.Sandbox, error)
+	Delete(ctx context.Context, id string) error
+	Exec(ctx context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (api.ExecResult, error)
+	Stat(ctx context.Context, id, path string) (api.FileInfo, error)
+	WriteFile(ctx context.Context, id, path string, mode uint32, r io.Reader) error
+	ReadFile(ctx context.Context, id, path string, w io.Writer) error
+	WriteTar(ctx context.Context, id, dir string, r io.Reader) error
+	ReadTar(ctx context.Context, id, path string, w io.Writer) error
+}
+
+var _ Agent = (*node.Agent)(nil)
+
+// Authenticator checks the bearer token of a call to the node API.
+type Authenticator interface {
+	// Check returns nil if token may call the node, or an
+	// ErrUnauthenticated.
+	Check(ctx context.Context, token string) error
+}
+
+// Secret is a shared node secret: the one token every apiserver presents
+// and every agent accepts, compared in constant time.
+type Secret string
+
+// Check implements Authenticator.
+func (s Secret) Check(_ context.Context, token string) error {
+	want, got := sha256.Sum256([]byte(s)), sha256.Sum256([]byte(token))
+	if s == "" || subtle.ConstantTimeCompare(want[:], got[:]) != 1 {
+		return errdefs.New(errdefs.ErrUnauthenticated, api.CodeUnauthenticated, "invalid node token")
+	}
+	return nil
+}
+
+// CreateRequest is the body of POST /v1/sandboxes on the node API.
+type CreateRequest struct {
+	Request api.CreateSandboxRequest `json:"request"`
+	// Image is what Request's image or layers resolve to; nil makes the
+	// node resolve them itself, if it can.
+	Image *api.Image `json:"image,omitempty"`
+}
+
+// Event is one line of an exec stream on the node API: an api.ExecEvent,
+// and for an error the HTTP status it would have had.
+type Event struct {
+	api.ExecEvent
+	Status int `json:"status,omitempty"`
+}
+
+const (
+	tarType    = "application/x-tar"
+	ndjsonType = "application/x-ndjson"
+)
+
+// Server serves the node API of one agent.
+type Server struct {
+	agent Agent
+	auth  Authenticator
+	log   *slog.Logger
+	mux   *http.ServeMux
+}
+
+// NewServer returns the node API over agent; every call but /healthz must
+// carry a token auth accepts.
+func NewServer(agent Agent, auth Authenticator, log *slog.Logger) *Server {
+	if log == nil {
+		log = slog.Default()
+	}
+	s := &Server{agent: agent, auth: auth, log: log, mux: http.NewServeMux()}
+	s.routes()
+	return s
+}
+
+// ServeHTTP makes Server an http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+type handler func(w http.ResponseWriter, r *http.Request) error
+
+func (s *Server) routes() {
+	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok\n") })
+	h := s.authenticated
+	s.mux.Handle("GET /v1/status", h(s.status))
+	s.mux.Handle("POST /v1/sandboxes", h(s.create))
+	s.mux.Handle("GET /v1/sandboxes", h(s.list))
+	s.mux.Handle("GET /v1/sandboxes/{id}", h(s.get))
+	s.mux.Handle("DELETE /v1/sandboxes/{id}", h(s.delete))
+	s.mux.Handle("POST /v1/sandboxes/{id}/exec", h(s.exec))
+	s.mux.Handle("GET /v1/sandboxes/{id}/stat", h(s.stat))
+	s.mux.Handle("GET /v1/sandboxes/{id}/files", h(s.readFiles))
+	s.mux.Handle("PUT /v1/sandboxes/{id}/files", h(s.writeFiles))
+	s.mux.Handle("/", h(func(w http.ResponseWriter, r *http.Request) error {
+		return errdefs.New(errdefs.ErrNotFound, api.CodeNotFound, "no node API route for %s %s", r.Method, r.URL.Path)
+	}))
+}
+
+func (s *Server) authenticated(h handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		var err error
+		if !ok || tok == "" {
+			err = errdefs.New(errdefs.ErrUnauthenticated, api.CodeUnauthenticated, "missing bearer token")
+		} else {
+			err = s.auth.Check(r.Context(), tok)
+		}
+		if err == nil {
+			err = h(w, r)
+		}
+		if err != nil {
+			if httperr.Write(w, err) == http.StatusInternalServerError {
+				s.log.Error("node API call failed", "method", r.Method, "path", r.URL.Path, "err", err)
+			}
+		}
+	})
+}
+
+func (s *Server) status(w http.ResponseWriter, r *http.Request) error {
+	return httperr.WriteJSON(w, http.StatusOK, s.agent.Status())
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request) error {
+	var req CreateRequest
+	if err := httperr.DecodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	var sb api.Sandbox
+	var err error
+	if req.Image != nil {
+		sb, err = s.agent.CreateFrom(r.Context(), req.Request, *req.Image)
+	} else {
+		sb, err = s.agent.Create(r.Context(), req.Request)
+	}
+	if err != nil {
+		return err
+	}
+	return httperr.WriteJSON(w, http.StatusCreated, sb)
+}
+
+// ParseFilter reads a list filter from ?state= and repeated ?label=k=v.
+func ParseFilter(q map[string][]string) (node.Filter, error) {
+	f := node.Filter{}
+	if st := q["state"]; len(st) > 0 {
+		f.State = st[0]
+	}
+	for _, l := range q["label"] {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			return node.Filter{}, errdefs.Invalid("label filter %q: want key=value", l)
+		}
+		if f.Labels == nil {
+			f.Labels = map[string]string{}
+		}
+		f.Labels[k] = v
+	}
+	return f, nil
+}
+
+func (s *Server) list(w http.ResponseWriter, r *http.Request) error {
+	f, err := ParseFilter(r.URL.Query())
+	if err != nil {
+		return err
+	}
+	list, err := s.agent.List(r.Context(), f)
+	if err != nil {
+		return err
+	}
+	return httperr.WriteJSON(w, http.StatusOK, api.SandboxList{Sandboxes: list})
+}
+
+func (s *Server) get(w http.ResponseWriter, r *http.Request) error {
+	sb, err := s.agent.Get(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	return httperr.WriteJSON(w, http.StatusOK, sb)
+}
+
+func (s *Server) delete(w http.ResponseWriter, r *http.Request) error {
+	if err := s.agent.Delete(r.Context(), r.PathValue("id")); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
+
+func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
+	var req api.ExecRequest
+	if err := httperr.DecodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	id := r.PathValue("id")
+	if !req.Stream {
+		res, err := s.agent.Exec(r.Context(), id, req, nil, nil)
+		if err != nil {
+			return err
+		}
+		return httperr.WriteJSON(w, http.StatusOK, res)
+	}
+	st := &stream{w: w, enc: json.NewEncoder(w)}
+	res, err := s.agent.Exec(r.Context(), id, req, st.writer("stdout"), st.writer("stderr"))
+	if err != nil {
+		if !st.started() {
+			return err // nothing sent yet: a normal error answer
+		}
+		status, e := httperr.ToAPI(err)
+		return st.send(Event{ExecEvent: api.ExecEvent{Error: &e}, Status: status})
+	}
+	return st.send(Event{ExecEvent: api.ExecEvent{Result: &res}})
+}
+
+// stream writes exec events as NDJSON, flushing each. Headers go out with
+// the first event, so an exec that fails before any output gets a proper
+// error status.
+type stream struct {
+	mu   sync.Mutex
+	w    http.ResponseWriter
+	enc  *json.Encoder
+	sent bool
+	err  error
+}
+
+func (s *stream) started() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sent
+}
+
+func (s *stream) send(ev Event) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.sent {
+		s.sent = true
+		s.w.Header().Set("Content-Type", ndjsonType)
+		s.w.WriteHeader(http.StatusOK)
+	}
+	if s.err != nil {
+		return s.err
+	}
+	if err := s.enc.Encode(ev); err != nil {
+		s.err = err
+		return err
+	}
+	if f, ok := s.w.(http.Flusher); ok {
+		f.Flush()
+	}
+	return nil
+}
+
+// writer sends each write as one event. A caller that went away does not
+// fail the command's writes: the exec ends with the request's context.
+func (s *stream) writer(name string) io.Writer {
+	return writerFunc(func(p []byte) (int, error) {
+		data, enc := node.EncodeOutput(p)
+		s.send(Event{ExecEvent: api.ExecEvent{Stream: name, Data: data, Encoding: enc}})
+		return len(p), nil
+	})
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+func (s *Server) stat(w http.ResponseWriter, r *http.Request) error {
+	fi, err := s.agent.Stat(r.Context(), r.PathValue("id"), r.URL.Query().Get("path"))
+	if err != nil {
+		return err
+	}
+	return httperr.WriteJSON(w, http.StatusOK, fi)
+}
+
+// readFiles streams one file (?format=file, the default) or a tar of a
+// path (?format=tar). No Stat first: the apiserver did one already.
+func (s *Server) readFiles(w http.ResponseWriter, r *http.Request) error {
+	id, q := r.PathValue("id"), r.URL.Query()
+	p := q.Get("path")
+	cw := &commitWriter{w: w}
+	var err error
+	switch q.Get("format") {
+	case "", "file":
+		w.Header().Set("Content-Type", "application/octet-stream")
+		err = s.agent.ReadFile(r.Context(), id, p, cw)
+	case "tar":
+		w.Header().Set("Content-Type", tarType)
+		err = s.agent.ReadTar(r.Context(), id, p, cw)
+	default:
+		return errdefs.Invalid("format %q: want file or tar", q.Get("format"))
+	}
+	if err == nil {
+		if !cw.committed {
+			w.WriteHeader(http.StatusOK)
+		}
+		return nil
+	}
+	if !cw.committed {
+		return err
+	}
+	// Past the first byte the only way to report the failure is to cut
+	// the stream, which the client sees as a short body.
+	s.log.Warn("file stream cut short", "sandbox", id, "path", p, "err", err)
+	panic(http.ErrAbortHandler)
+}
+
+type commitWriter struct {
+	w         http.ResponseWriter
+	committed bool
+}
+
+func (c *commitWriter) Write(p []byte) (int, error) {
+	c.committed = true
+	return c.w.Write(p)
+}
+
+func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) error {
+	id, q := r.PathValue("id"), r.URL.Query()
+	p := q.Get("path")
+	var err error
+	if ct := r.Header.Get("Content-Type"); strings.HasPrefix(ct, tarType) {
+		err = s.agent.WriteTar(r.Context(), id, p, r.Body)
+	} else {
+		mode := uint64(0o644)
+		if m := q.Get("mode"); m != "" {
+			if mode, err = strconv.ParseUint(m, 8, 32); err != nil || mode > 0o7777 {
+				return errdefs.Invalid("mode %q: want octal permission bits like 0644", m)
+			}
+		}
+		err = s.agent.WriteFile(r.Context(), id, p, uint32(mode), r.Body)
+	}
+	if err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}
