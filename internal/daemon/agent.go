@@ -2,11 +2,9 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -162,9 +160,7 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	if addr == "" {
 		addr = advertise(ln.Addr().(*net.TCPAddr), peer)
 	}
-	srv := &http.Server{Handler: nodeapi.NewServer(agent, nodeapi.Secret(cfg.Token), log), ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	httpSrv := startHTTP(ln, nodeapi.NewServer(agent, nodeapi.Secret(cfg.Token), log))
 
 	status := agent.Status()
 	reg, err := fleet.NewRegistrar(fleet.RegistrarConfig{
@@ -175,7 +171,7 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 		Log: log,
 	})
 	if err != nil {
-		srv.Close()
+		httpSrv.srv.Close()
 		return err
 	}
 	rctx, stopReg := context.WithCancel(ctx)
@@ -187,9 +183,9 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	for reg.Lease() == 0 {
 		select {
 		case <-ctx.Done():
-			srv.Close()
+			httpSrv.srv.Close()
 			return nil
-		case err := <-errc:
+		case err := <-httpSrv.errc:
 			return err
 		case <-time.After(20 * time.Millisecond):
 		}
@@ -199,17 +195,7 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr().String())
 	}
-	select {
-	case <-ctx.Done():
-	case err := <-errc:
-		return err
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
-		return err
-	}
-	return nil
+	return httpSrv.wait(ctx)
 }
 
 func orDefault(s, def string) string {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -190,9 +189,7 @@ func APIServer(ctx context.Context, cfg APIServerConfig) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	srv := &http.Server{Handler: srvAPI, ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	httpSrv := startHTTP(ln, srvAPI)
 	attrs := []any{"addr", ln.Addr().String(), "etcd", strings.Join(cfg.Etcd, ","), "data_dir", dir,
 		"nodes", len(watcher.Snapshot()), "startup", time.Since(start).Round(time.Millisecond)}
 	if admin != "" {
@@ -202,17 +199,7 @@ func APIServer(ctx context.Context, cfg APIServerConfig) error {
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr().String())
 	}
-	select {
-	case <-ctx.Done():
-	case err := <-errc:
-		return err
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
-		return err
-	}
-	return nil
+	return httpSrv.wait(ctx)
 }
 
 // clusterSecret returns the secret under key, creating a random one if

@@ -12,11 +12,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -148,25 +146,13 @@ func Up(ctx context.Context, cfg UpConfig) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	srv := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	httpSrv := startHTTP(ln, api)
 	log.Info("warren is up", "addr", ln.Addr().String(), "node", nodeID, "data_dir", dir,
 		"admin_token_file", filepath.Join(dir, AdminTokenFile), "startup", time.Since(start).Round(time.Millisecond))
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr().String())
 	}
-	select {
-	case <-ctx.Done():
-	case err := <-errc:
-		return err
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, context.DeadlineExceeded) {
-		return err
-	}
-	return nil
+	return httpSrv.wait(ctx)
 }
 
 // loadOrCreate returns the trimmed content of path, writing mk() to it
