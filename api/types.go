@@ -59,6 +59,47 @@ type CreateSandboxRequest struct {
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
 }
 
+// BatchCreateRequest is the body of POST /v1/sandboxes:batch: a gang of
+// Count sandboxes made from one Template (a GRPO-style group). Every member
+// is labelled LabelGang=<gang id> and LabelGangIndex=<0..Count-1> on top
+// of the template's labels. The template must not carry an idempotency key.
+//
+// Quota and the project's rate limit count the whole gang up front: a gang
+// that does not fit is refused (429) before any member is created. With
+// AllOrNone, any member's failure deletes the members already created and
+// answers that failure (429 with Retry-After when it was a quota or
+// capacity refusal). Without it, the answer is 201 when every member was
+// created, else 200 with the created members and one error per failed
+// member (or the error itself when none was created).
+type BatchCreateRequest struct {
+	Count     int                  `json:"count"` // 1..MaxBatchCount
+	Template  CreateSandboxRequest `json:"template"`
+	AllOrNone bool                 `json:"all_or_none,omitempty"`
+}
+
+// BatchCreateResponse answers a BatchCreateRequest.
+type BatchCreateResponse struct {
+	Gang      string           `json:"gang"`      // the gang id (LabelGang's value)
+	Sandboxes []Sandbox        `json:"sandboxes"` // the created members, by index
+	Errors    []BatchItemError `json:"errors,omitempty"`
+}
+
+// BatchItemError is why one gang member was not created.
+type BatchItemError struct {
+	Index int   `json:"index"`
+	Error Error `json:"error"`
+}
+
+// Gang labels and limits.
+const (
+	LabelGang      = "warren.dev/gang"
+	LabelGangIndex = "warren.dev/gang-index"
+	// CodeGangAborted is the per-member error (409) of a member never
+	// tried because another member of its all-or-none gang failed.
+	CodeGangAborted = "gang_aborted"
+	MaxBatchCount   = 1024
+)
+
 // Sandbox is the API view of one sandbox.
 type Sandbox struct {
 	ID        string            `json:"id"`

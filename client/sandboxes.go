@@ -30,6 +30,33 @@ func (c *Client) CreateSandbox(ctx context.Context, req api.CreateSandboxRequest
 	}
 }
 
+// CreateSandboxes creates a gang of req.Count sandboxes from req.Template
+// (POST /v1/sandboxes:batch), each labelled api.LabelGang and
+// api.LabelGangIndex. With req.AllOrNone it creates all or none and
+// returns the failure otherwise; without it, the response lists the
+// members created and an error per member that was not (err is set only
+// when none was created). A refusal (429) with AllOrNone created nothing,
+// so it is retried as CreateSandbox retries; other batches are not.
+func (c *Client) CreateSandboxes(ctx context.Context, req api.BatchCreateRequest) (*api.BatchCreateResponse, error) {
+	for attempt := 1; ; attempt++ {
+		var out api.BatchCreateResponse
+		err := c.doJSON(ctx, http.MethodPost, "/v1/sandboxes:batch", nil, req, &out)
+		if err == nil {
+			return &out, nil
+		}
+		if !req.AllOrNone || !IsExhausted(err) {
+			return nil, err
+		}
+		d, ok := c.retryWait(err, attempt)
+		if !ok {
+			return nil, err
+		}
+		if serr := c.sleep(ctx, d); serr != nil {
+			return nil, err
+		}
+	}
+}
+
 // GetSandbox returns one sandbox (ErrNotFound if it does not exist).
 func (c *Client) GetSandbox(ctx context.Context, id string) (*api.Sandbox, error) {
 	p, err := sandboxPath(id, "")

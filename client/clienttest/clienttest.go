@@ -213,6 +213,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, api.NodeList{Nodes: nodes})
 	case r.URL.Path == "/v1/sandboxes" && r.Method == http.MethodPost:
 		s.create(w, r)
+	case r.URL.Path == "/v1/sandboxes:batch" && r.Method == http.MethodPost:
+		s.createBatch(w, r)
 	case r.URL.Path == "/v1/sandboxes" && r.Method == http.MethodGet:
 		s.list(w, r)
 	case len(parts) == 3 && parts[0] == "v1" && parts[1] == "sandboxes":
@@ -269,9 +271,46 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		WriteError(w, http.StatusBadRequest, api.CodeInvalid, "bad body: "+err.Error(), 0)
 		return
 	}
+	if !s.checkCreate(w, req) {
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.add(req))
+}
+
+// createBatch serves POST /v1/sandboxes:batch: every member or none.
+func (s *Server) createBatch(w http.ResponseWriter, r *http.Request) {
+	var req api.BatchCreateRequest
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		WriteError(w, http.StatusBadRequest, api.CodeInvalid, "bad body: "+err.Error(), 0)
+		return
+	}
+	if req.Count < 1 {
+		WriteError(w, http.StatusBadRequest, api.CodeInvalid, "count must be at least 1", 0)
+		return
+	}
+	if !s.checkCreate(w, req.Template) {
+		return
+	}
+	s.mu.Lock()
+	gang := fmt.Sprintf("g-%06d", s.seq+1)
+	s.mu.Unlock()
+	out := api.BatchCreateResponse{Gang: gang}
+	for i := range req.Count {
+		m := req.Template
+		m.Labels = map[string]string{api.LabelGang: gang, api.LabelGangIndex: strconv.Itoa(i)}
+		for k, v := range req.Template.Labels {
+			m.Labels[k] = v
+		}
+		out.Sandboxes = append(out.Sandboxes, s.add(m))
+	}
+	writeJSON(w, http.StatusCreated, out)
+}
+
+// checkCreate writes the error of a create it refuses.
+func (s *Server) checkCreate(w http.ResponseWriter, req api.CreateSandboxRequest) bool {
 	if req.Image == "" {
 		WriteError(w, http.StatusBadRequest, api.CodeInvalid, "image is required", 0)
-		return
+		return false
 	}
 	found := false
 	for _, im := range s.images {
@@ -279,8 +318,13 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	}
 	if !found {
 		WriteError(w, http.StatusNotFound, api.CodeImageNotFound, "image "+req.Image+" not found", 0)
-		return
+		return false
 	}
+	return true
+}
+
+// add creates the sandbox req asks for.
+func (s *Server) add(req api.CreateSandboxRequest) api.Sandbox {
 	if req.Backend == "" {
 		req.Backend = api.BackendContainer
 	}
@@ -307,7 +351,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	s.sandboxes[sb.ID] = sb
 	v := sb.Sandbox
 	s.mu.Unlock()
-	writeJSON(w, http.StatusCreated, v)
+	return v
 }
 
 func (s *Server) list(w http.ResponseWriter, r *http.Request) {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -339,5 +340,30 @@ func TestExitCode(t *testing.T) {
 		if got := exitCode(&tc.res); got != tc.want {
 			t.Errorf("exitCode(%+v) = %d, want %d", tc.res, got, tc.want)
 		}
+	}
+}
+
+func TestSandboxCreateGang(t *testing.T) {
+	srv := newServer(t)
+	out := mustCreate(t, srv, "--count", "3", "--all-or-none", "--label", "task=g")
+	ids := strings.Fields(out)
+	if len(ids) != 3 {
+		t.Fatalf("--count 3 printed %q, want 3 ids", out)
+	}
+	gang := ""
+	for i, id := range ids {
+		sb, ok := srv.Sandbox(id)
+		if !ok {
+			t.Fatalf("%q is not a sandbox id", id)
+		}
+		if gang == "" {
+			gang = sb.Labels[api.LabelGang]
+		}
+		if gang == "" || sb.Labels[api.LabelGang] != gang || sb.Labels[api.LabelGangIndex] != strconv.Itoa(i) || sb.Labels["task"] != "g" {
+			t.Errorf("member %d labels %v", i, sb.Labels)
+		}
+	}
+	if r := cli(t, srv, nil, "", "sandbox", "create", "--image", "busybox", "--count", "0"); r.code != 2 {
+		t.Errorf("--count 0: exit %d, stderr %q", r.code, r.stderr)
 	}
 }

@@ -17,6 +17,8 @@ func newSandboxCreateCmd(a *app) *cobra.Command {
 		memory, output string
 		labels, env    []string
 		ttl, idle      time.Duration
+		count          int
+		allOrNone      bool
 	)
 	c := &cobra.Command{
 		Use:   "create (--image ENV | --env ENV@VERSION | --layer LAYER...) [flags]",
@@ -30,7 +32,8 @@ value) and, when its value has an "@" and no "=", the environment to start from.
 		Example: `  warren sandbox create --image busybox --cpu 1 --memory 256Mi --ttl 30m --label task=demo
   warren sandbox create --env swe-task-0042@1 --env DEBUG=1
   warren sandbox create --layer debian-python@12 --layer harness@7
-  id=$(warren sandbox create --image busybox)`,
+  id=$(warren sandbox create --image busybox)
+  warren sandbox create --image busybox --count 16 --all-or-none   # a gang: 16 ids, or none`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkOutput(output, outDefault, outID, outJSON); err != nil {
@@ -72,6 +75,34 @@ value) and, when its value has an "@" and no "=", the environment to start from.
 			if req.Env, err = parseKVs("env", env, a.getenv, true); err != nil {
 				return err
 			}
+			if count < 1 {
+				return usagef("--count must be at least 1")
+			}
+			if count > 1 || allOrNone {
+				if req.IdempotencyKey != "" {
+					return usagef("--idempotency-key does not apply to --count")
+				}
+				res, err := a.client().CreateSandboxes(cmd.Context(), api.BatchCreateRequest{Count: count, Template: req, AllOrNone: allOrNone})
+				if err != nil {
+					return err
+				}
+				if output == outJSON {
+					if err := writeJSON(a.stdout, res); err != nil {
+						return err
+					}
+				} else {
+					for _, sb := range res.Sandboxes {
+						fmt.Fprintln(a.stdout, sb.ID)
+					}
+				}
+				for _, e := range res.Errors {
+					fmt.Fprintf(a.stderr, "warren: member %d: %s (%s)\n", e.Index, e.Error.Message, e.Error.Code)
+				}
+				if len(res.Errors) > 0 {
+					return fmt.Errorf("%d of %d sandboxes not created", len(res.Errors), count)
+				}
+				return nil
+			}
 			sb, err := a.client().CreateSandbox(cmd.Context(), req)
 			if err != nil {
 				return err
@@ -97,6 +128,8 @@ value) and, when its value has an "@" and no "=", the environment to start from.
 	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE (repeatable)")
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE, or KEY to pass the local value (repeatable); NAME@VERSION picks the environment")
 	f.StringVarP(&output, "output", "o", "", "output: id (default) or json")
+	f.IntVar(&count, "count", 1, "create a gang of this many sandboxes (one id a line), labelled "+api.LabelGang)
+	f.BoolVar(&allOrNone, "all-or-none", false, "with --count: create all of them or none")
 	return c
 }
 

@@ -71,6 +71,7 @@ type rule struct {
 // root-scoped builder, since other projects may depend on them.
 var routeRules = map[string]rule{
 	"POST /v1/sandboxes":                {action: iam.ActionSandboxCreate},
+	"POST /v1/sandboxes:batch":          {action: iam.ActionSandboxCreate},
 	"GET /v1/sandboxes":                 {action: iam.ActionRead},
 	"GET /v1/sandboxes/{id}":            {action: iam.ActionRead},
 	"DELETE /v1/sandboxes/{id}":         {action: iam.ActionSandboxDelete},

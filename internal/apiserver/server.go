@@ -125,6 +125,7 @@ func (s *Server) routes() {
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.cfg.Registry, promhttp.HandlerOpts{}))
 
 	s.mux.Handle("POST /v1/sandboxes", auth(s.createSandbox))
+	s.mux.Handle("POST /v1/sandboxes:batch", auth(s.createBatch)) // batch.go
 	s.mux.Handle("GET /v1/sandboxes", auth(s.listSandboxes))
 	s.mux.Handle("GET /v1/sandboxes/{id}", auth(s.getSandbox))
 	s.mux.Handle("DELETE /v1/sandboxes/{id}", auth(s.deleteSandbox))
