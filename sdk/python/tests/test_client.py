@@ -85,6 +85,23 @@ class ClientTest(unittest.TestCase):
             self.c.create_sandbox("busybox", memory="lots")
         self.assertEqual(cm.exception.status, 400)
 
+    def test_gang_and_idempotency(self):
+        gang = self.c.create_sandboxes(3, "busybox", memory="64Mi", labels={"suite": "python-gang"})
+        ids = [sb["id"] for sb in gang["sandboxes"]]
+        try:
+            self.assertEqual(len(ids), 3)
+            listed = self.c.list_sandboxes(labels={"warren.dev/gang": gang["gang"]})
+            self.assertEqual(sorted(s["id"] for s in listed), sorted(ids))
+        finally:
+            for sid in ids:
+                self.c.delete_sandbox(sid)
+        a = self.c.create_sandbox("busybox", idempotency_key="py-key-1")
+        try:
+            b = self.c.create_sandbox("busybox", idempotency_key="py-key-1")
+            self.assertEqual(a["id"], b["id"])
+        finally:
+            self.c.delete_sandbox(a["id"])
+
     def test_async(self):
         async def main():
             ac = AsyncClient()

@@ -121,10 +121,9 @@ class Client:
 
     # -- sandboxes --------------------------------------------------------
 
-    def create_sandbox(self, image: str, *, backend: str = "", cpu: float = 0, memory: Any = 0, pids: int = 0,
-                       ttl: Any = None, idle_timeout: Any = None, labels: Optional[Dict[str, str]] = None,
-                       env: Optional[Dict[str, str]] = None, **extra: Any) -> Dict[str, Any]:
-        """Create and start a sandbox. Retries 429/503 refusals after their Retry-After."""
+    @staticmethod
+    def _create_body(image: str, backend: str, cpu: float, memory: Any, pids: int, ttl: Any, idle_timeout: Any,
+                     labels: Optional[Dict[str, str]], env: Optional[Dict[str, str]], extra: Dict[str, Any]):
         body: Dict[str, Any] = {"image": image}
         if backend:
             body["backend"] = backend
@@ -135,14 +134,42 @@ class Client:
             if v:
                 body[k] = v
         body.update(extra)
+        return body
+
+    def _retrying(self, path: str, body: Dict[str, Any]) -> Any:
         for attempt in range(self.create_retries + 1):
             try:
-                return self._json("POST", "/v1/sandboxes", body=body)
+                return self._json("POST", path, body=body)
             except WarrenError as e:
                 if not e.retryable or attempt == self.create_retries:
                     raise
                 time.sleep(e.retry_after or 1.0)
         raise AssertionError("unreachable")
+
+    def create_sandbox(self, image: str, *, backend: str = "", cpu: float = 0, memory: Any = 0, pids: int = 0,
+                       ttl: Any = None, idle_timeout: Any = None, labels: Optional[Dict[str, str]] = None,
+                       env: Optional[Dict[str, str]] = None, **extra: Any) -> Dict[str, Any]:
+        """Create and start a sandbox. Retries 429/503 refusals after their Retry-After.
+
+        extra goes into the request as is: project="research/rl-math",
+        idempotency_key="rollout-17" (replays return the same sandbox), layers=[...].
+        """
+        body = self._create_body(image, backend, cpu, memory, pids, ttl, idle_timeout, labels, env, extra)
+        return self._retrying("/v1/sandboxes", body)
+
+    def create_sandboxes(self, count: int, image: str, *, all_or_none: bool = True, **template: Any) -> Dict[str, Any]:
+        """Create a gang of count sandboxes from one template (GRPO-style group).
+
+        With all_or_none (the default) either all are created or none, and a
+        refusal is retried after its Retry-After; without it, the answer lists
+        the created members under "sandboxes" and the failures under "errors".
+        """
+        kw = {k: template.pop(k, d) for k, d in (("backend", ""), ("cpu", 0), ("memory", 0), ("pids", 0),
+                                                ("ttl", None), ("idle_timeout", None), ("labels", None), ("env", None))}
+        body = {"count": count, "template": self._create_body(image, extra=template, **kw), "all_or_none": all_or_none}
+        if all_or_none:
+            return self._retrying("/v1/sandboxes:batch", body)
+        return self._json("POST", "/v1/sandboxes:batch", body=body)
 
     def get_sandbox(self, sid: str) -> Dict[str, Any]:
         return self._json("GET", "/v1/sandboxes/" + sid)
