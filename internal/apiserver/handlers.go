@@ -3,6 +3,7 @@ package apiserver
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"mime"
 	"net/http"
 	"strconv"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/httperr"
 	"github.com/warrenhq/warren/internal/node"
 )
 
@@ -219,43 +221,12 @@ func (s *Server) readFiles(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Content-Type", tarType)
 		// Errors after the first byte can only cut the stream short; the
 		// tar then lacks its end marker, which readers detect.
-		return s.streamed(w, func(cw *commitWriter) error { return n.ReadTar(ctx, id, p, cw) })
+		return httperr.Stream(w, s.log, func(cw io.Writer) error { return n.ReadTar(ctx, id, p, cw) })
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("X-Warren-File-Mode", fmt.Sprintf("%04o", fi.Mode))
 	w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
-	return s.streamed(w, func(cw *commitWriter) error { return n.ReadFile(ctx, id, p, cw) })
-}
-
-// streamed runs fn with a writer that sends the headers on first write. An
-// error before that is returned for a proper error answer; one after is
-// logged, and the connection cut so the client sees a short body.
-func (s *Server) streamed(w http.ResponseWriter, fn func(*commitWriter) error) error {
-	cw := &commitWriter{w: w}
-	err := fn(cw)
-	if err == nil {
-		if !cw.committed {
-			w.WriteHeader(http.StatusOK)
-		}
-		return nil
-	}
-	if !cw.committed {
-		w.Header().Del("Content-Length")
-		w.Header().Del("X-Warren-File-Mode")
-		return err
-	}
-	s.log.Warn("stream cut short", "err", err)
-	panic(http.ErrAbortHandler)
-}
-
-type commitWriter struct {
-	w         http.ResponseWriter
-	committed bool
-}
-
-func (c *commitWriter) Write(p []byte) (int, error) {
-	c.committed = true
-	return c.w.Write(p)
+	return httperr.Stream(w, s.log, func(cw io.Writer) error { return n.ReadFile(ctx, id, p, cw) })
 }
 
 func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) error {

@@ -104,15 +104,7 @@ func (s *Server) listLayers(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if name := r.URL.Query().Get("name"); name != "" {
-		kept := list[:0]
-		for _, l := range list {
-			if l.Name == name {
-				kept = append(kept, l)
-			}
-		}
-		list = kept
-	}
+	list = named(list, r.URL.Query().Get("name"), func(l api.Layer) string { return l.Name })
 	return writeJSON(w, http.StatusOK, api.LayerList{Layers: list})
 }
 
@@ -171,15 +163,7 @@ func (s *Server) listEnvs(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if name := r.URL.Query().Get("name"); name != "" {
-		kept := list[:0]
-		for _, e := range list {
-			if e.Name == name {
-				kept = append(kept, e)
-			}
-		}
-		list = kept
-	}
+	list = named(list, r.URL.Query().Get("name"), func(e api.Environment) string { return e.Name })
 	return writeJSON(w, http.StatusOK, api.EnvironmentList{Environments: list})
 }
 
@@ -228,4 +212,18 @@ func mediaTypeOf(r *http.Request) string {
 	ct := r.Header.Get("Content-Type")
 	mt, _, _ := strings.Cut(ct, ";")
 	return strings.ToLower(strings.TrimSpace(mt))
+}
+
+// named keeps the items called name; an empty name keeps all.
+func named[T any](list []T, name string, nameOf func(T) string) []T {
+	if name == "" {
+		return list
+	}
+	kept := list[:0]
+	for _, v := range list {
+		if nameOf(v) == name {
+			kept = append(kept, v)
+		}
+	}
+	return kept
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/httperr"
 )
 
 // OCI imports OCI images as environments and exports environments as OCI
@@ -73,5 +74,5 @@ func (s *Server) exportEnv(w http.ResponseWriter, r *http.Request) error {
 	}
 	w.Header().Set("Content-Type", tarType)
 	ref, ctx := r.PathValue("ref"), r.Context()
-	return s.streamed(w, func(cw *commitWriter) error { return o.ExportEnv(ctx, ref, format, cw) })
+	return httperr.Stream(w, s.log, func(cw io.Writer) error { return o.ExportEnv(ctx, ref, format, cw) })
 }

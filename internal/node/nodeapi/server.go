@@ -315,41 +315,19 @@ func (s *Server) stat(w http.ResponseWriter, r *http.Request) error {
 func (s *Server) readFiles(w http.ResponseWriter, r *http.Request) error {
 	id, q := r.PathValue("id"), r.URL.Query()
 	p := q.Get("path")
-	cw := &commitWriter{w: w}
-	var err error
+	ctx := r.Context()
+	var read func(io.Writer) error
 	switch q.Get("format") {
 	case "", "file":
 		w.Header().Set("Content-Type", "application/octet-stream")
-		err = s.agent.ReadFile(r.Context(), id, p, cw)
+		read = func(cw io.Writer) error { return s.agent.ReadFile(ctx, id, p, cw) }
 	case "tar":
 		w.Header().Set("Content-Type", tarType)
-		err = s.agent.ReadTar(r.Context(), id, p, cw)
+		read = func(cw io.Writer) error { return s.agent.ReadTar(ctx, id, p, cw) }
 	default:
 		return errdefs.Invalid("format %q: want file or tar", q.Get("format"))
 	}
-	if err == nil {
-		if !cw.committed {
-			w.WriteHeader(http.StatusOK)
-		}
-		return nil
-	}
-	if !cw.committed {
-		return err
-	}
-	// Past the first byte the only way to report the failure is to cut
-	// the stream, which the client sees as a short body.
-	s.log.Warn("file stream cut short", "sandbox", id, "path", p, "err", err)
-	panic(http.ErrAbortHandler)
-}
-
-type commitWriter struct {
-	w         http.ResponseWriter
-	committed bool
-}
-
-func (c *commitWriter) Write(p []byte) (int, error) {
-	c.committed = true
-	return c.w.Write(p)
+	return httperr.Stream(w, s.log.With("sandbox", id, "path", p), read)
 }
 
 func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) error {
