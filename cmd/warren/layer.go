@@ -1,8 +1,8 @@
 package main
 
 import (
-	"context"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"time"
@@ -28,10 +28,10 @@ func layerCommands(a *app) []*cobra.Command {
 
 func newLayerBuildCmd(a *app) *cobra.Command {
 	var (
-		spec   client.LayerSpec
-		output string
+		spec  client.LayerSpec
+		start time.Time
 	)
-	c := &cobra.Command{
+	c := showCmd(a, &cobra.Command{
 		Use:   "build --kind KIND --name NAME --version VERSION PATH",
 		Short: "Build a layer from a directory or a .tar/.tar.gz file",
 		Long: `Build a read-only EROFS layer on the server from PATH: a directory (sent as a
@@ -41,157 +41,100 @@ tar stream keeping numeric owners, modes and mtimes) or a .tar or .tar.gz file
 		Example: `  warren layer build --kind base --name debian-python --version 12 ./rootfs
   warren layer build --kind toolkit --name harness --version 7 ./harness.tar.gz`,
 		Args: exactArgs(1, "one directory or archive"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output, outDefault, outJSON); err != nil {
-				return err
-			}
-			if spec.Kind == "" || spec.Name == "" || spec.Version == "" {
-				return usagef("--kind, --name and --version are required")
-			}
-			var (
-				l   *api.Layer
-				err error
-			)
-			start := time.Now()
-			if args[0] == "-" {
-				l, err = a.client().BuildLayer(cmd.Context(), spec, a.stdin)
-			} else {
-				if _, serr := os.Stat(args[0]); serr != nil {
-					return fmt.Errorf("layer source: %w", serr)
-				}
-				l, err = a.client().BuildLayerFromPath(cmd.Context(), spec, args[0])
-			}
-			if err != nil {
-				return err
-			}
-			if output == outJSON {
-				return writeJSON(a.stdout, l)
-			}
-			fmt.Fprintf(a.stdout, "%s\t%s\t%s\t%d chunks\t%s\n", l.Ref, l.Digest, fmtBytes(l.Size), l.Chunks,
-				time.Since(start).Round(time.Millisecond))
-			return nil
-		},
-	}
+	}, "text", func(cmd *cobra.Command, args []string) (*api.Layer, error) {
+		if spec.Kind == "" || spec.Name == "" || spec.Version == "" {
+			return nil, usagef("--kind, --name and --version are required")
+		}
+		start = time.Now()
+		if args[0] == "-" {
+			return a.client().BuildLayer(cmd.Context(), spec, a.stdin)
+		}
+		if _, err := os.Stat(args[0]); err != nil {
+			return nil, fmt.Errorf("layer source: %w", err)
+		}
+		return a.client().BuildLayerFromPath(cmd.Context(), spec, args[0])
+	}, func(w io.Writer, l *api.Layer) error {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d chunks\t%s\n", l.Ref, l.Digest, fmtBytes(l.Size), l.Chunks,
+			time.Since(start).Round(time.Millisecond))
+		return nil
+	})
 	f := c.Flags()
 	f.StringVar(&spec.Kind, "kind", "", "layer kind: base, workspace, toolkit or diff (required)")
 	f.StringVar(&spec.Name, "name", "", "layer name (required)")
 	f.StringVar(&spec.Version, "version", "", "layer version (required)")
 	f.StringVar(&spec.Parent, "parent", "", "for a diff layer: the NAME@VERSION it applies on")
-	f.StringVarP(&output, "output", "o", "", "output: text (default) or json")
 	return c
 }
 
 func newLayerLsCmd(a *app) *cobra.Command {
-	var output string
-	c := &cobra.Command{
+	return showCmd(a, &cobra.Command{
 		Use:     "ls [NAME]",
 		Aliases: []string{"list"},
 		Short:   "List layers with their sizes, versions and users",
 		Args:    maxArgs(1, "at most one name"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output, outDefault, outJSON); err != nil {
-				return err
-			}
-			list, err := a.client().ListLayers(cmd.Context(), firstArg(args))
-			if err != nil {
-				return err
-			}
-			if output == outJSON {
-				if list == nil {
-					list = []api.Layer{}
-				}
-				return writeJSON(a.stdout, api.LayerList{Layers: list})
-			}
-			now := time.Now()
-			tw := newTable(a.stdout, "NAME", "VERSION", "KIND", "SIZE", "CHUNKS", "USED BY", "CREATED")
-			for _, l := range list {
-				row(tw, l.Name, l.Version, l.Kind, fmtBytes(l.Size), fmt.Sprint(l.Chunks),
-					orDash(strings.Join(l.UsedBy, ",")), age(l.CreatedAt, now))
-			}
-			return tw.Flush()
-		},
-	}
-	c.Flags().StringVarP(&output, "output", "o", "", "output: table (default) or json")
-	return c
+	}, "table", func(cmd *cobra.Command, args []string) (api.LayerList, error) {
+		list, err := a.client().ListLayers(cmd.Context(), firstArg(args))
+		return api.LayerList{Layers: nonNil(list)}, err
+	}, func(w io.Writer, list api.LayerList) error {
+		now := time.Now()
+		tw := newTable(w, "NAME", "VERSION", "KIND", "SIZE", "CHUNKS", "USED BY", "CREATED")
+		for _, l := range list.Layers {
+			row(tw, l.Name, l.Version, l.Kind, fmtBytes(l.Size), fmt.Sprint(l.Chunks),
+				orDash(strings.Join(l.UsedBy, ",")), age(l.CreatedAt, now))
+		}
+		return tw.Flush()
+	})
 }
 
 func newLayerGetCmd(a *app) *cobra.Command {
-	var output string
-	c := &cobra.Command{
+	return showCmd(a, &cobra.Command{
 		Use:     "get NAME[@VERSION]",
 		Aliases: []string{"inspect"},
 		Short:   "Show one layer (the latest version when none is given)",
 		Args:    exactArgs(1, "one layer ref"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output, outDefault, outJSON); err != nil {
-				return err
-			}
-			l, err := a.client().GetLayer(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			if output == outJSON {
-				return writeJSON(a.stdout, l)
-			}
-			now := time.Now()
-			tw := newTable(a.stdout, "Layer:", l.Ref)
-			row(tw, "Kind:", l.Kind)
-			row(tw, "Digest:", l.Digest)
-			row(tw, "Image:", l.ImageDigest)
-			row(tw, "Size:", fmtBytes(l.Size))
-			row(tw, "Chunks:", fmt.Sprint(l.Chunks))
-			if l.Parent != "" {
-				row(tw, "Parent:", l.Parent)
-			}
-			row(tw, "Used by:", orDash(strings.Join(l.UsedBy, ", ")))
-			row(tw, "Created:", stamp(l.CreatedAt, now))
-			return tw.Flush()
-		},
-	}
-	c.Flags().StringVarP(&output, "output", "o", "", "output: text (default) or json")
-	return c
+	}, "text", func(cmd *cobra.Command, args []string) (*api.Layer, error) {
+		return a.client().GetLayer(cmd.Context(), args[0])
+	}, func(w io.Writer, l *api.Layer) error {
+		now := time.Now()
+		tw := newTable(w, "Layer:", l.Ref)
+		row(tw, "Kind:", l.Kind)
+		row(tw, "Digest:", l.Digest)
+		row(tw, "Image:", l.ImageDigest)
+		row(tw, "Size:", fmtBytes(l.Size))
+		row(tw, "Chunks:", fmt.Sprint(l.Chunks))
+		if l.Parent != "" {
+			row(tw, "Parent:", l.Parent)
+		}
+		row(tw, "Used by:", orDash(strings.Join(l.UsedBy, ", ")))
+		row(tw, "Created:", stamp(l.CreatedAt, now))
+		return tw.Flush()
+	})
 }
 
 func newLayerRmCmd(a *app) *cobra.Command {
-	return &cobra.Command{
+	return eachCmd(a, &cobra.Command{
 		Use:     "rm NAME@VERSION [NAME@VERSION...]",
 		Aliases: []string{"delete", "remove"},
 		Short:   "Remove layers no environment or sandbox uses (their data goes at the next GC)",
-		Args:    minArgs(1, "one or more layer refs"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.eachRef(cmd, args, a.client().DeleteLayer)
-		},
-	}
+	}, "one or more layer refs", (*client.Client).DeleteLayer)
 }
 
 func newGCCmd(a *app) *cobra.Command {
-	var output string
-	c := &cobra.Command{
+	return showCmd(a, &cobra.Command{
 		Use:   "gc",
 		Short: "Delete the blobs no layer, environment or live sandbox references",
 		Args:  noArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output, outDefault, outJSON); err != nil {
-				return err
-			}
-			res, err := a.client().CollectGarbage(cmd.Context())
-			if err != nil {
-				return err
-			}
-			if output == outJSON {
-				return writeJSON(a.stdout, res)
-			}
-			if res.Skipped {
-				fmt.Fprintln(a.stdout, "another collection is running; nothing done")
-				return nil
-			}
-			fmt.Fprintf(a.stdout, "deleted %d of %d blobs (%s); %d live, %d within the grace period\n",
-				res.Deleted, res.Blobs, fmtBytes(res.DeletedBytes), res.Live, res.Young)
+	}, "text", func(cmd *cobra.Command, args []string) (*api.GCResult, error) {
+		return a.client().CollectGarbage(cmd.Context())
+	}, func(w io.Writer, res *api.GCResult) error {
+		if res.Skipped {
+			fmt.Fprintln(w, "another collection is running; nothing done")
 			return nil
-		},
-	}
-	c.Flags().StringVarP(&output, "output", "o", "", "output: text (default) or json")
-	return c
+		}
+		fmt.Fprintf(w, "deleted %d of %d blobs (%s); %d live, %d within the grace period\n",
+			res.Deleted, res.Blobs, fmtBytes(res.DeletedBytes), res.Live, res.Young)
+		return nil
+	})
 }
 
 // envFlags are the flags env create and env update share.
@@ -315,135 +258,59 @@ version is NAME@<next number> unless --as names it. No data is copied.`,
 }
 
 func newEnvLsCmd(a *app) *cobra.Command {
-	var output string
-	c := &cobra.Command{
+	return showCmd(a, &cobra.Command{
 		Use:     "ls [NAME]",
 		Aliases: []string{"list"},
 		Short:   "List environments with their layers and sizes",
 		Args:    maxArgs(1, "at most one name"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output, outDefault, outJSON); err != nil {
-				return err
+	}, "table", func(cmd *cobra.Command, args []string) (api.EnvironmentList, error) {
+		list, err := a.client().ListEnvironments(cmd.Context(), firstArg(args))
+		return api.EnvironmentList{Environments: nonNil(list)}, err
+	}, func(w io.Writer, list api.EnvironmentList) error {
+		now := time.Now()
+		tw := newTable(w, "NAME", "VERSION", "LAYERS", "SIZE", "CREATED")
+		for _, e := range list.Environments {
+			var refs []string
+			for _, l := range e.Layers {
+				refs = append(refs, l.Ref)
 			}
-			list, err := a.client().ListEnvironments(cmd.Context(), firstArg(args))
-			if err != nil {
-				return err
-			}
-			if output == outJSON {
-				if list == nil {
-					list = []api.Environment{}
-				}
-				return writeJSON(a.stdout, api.EnvironmentList{Environments: list})
-			}
-			now := time.Now()
-			tw := newTable(a.stdout, "NAME", "VERSION", "LAYERS", "SIZE", "CREATED")
-			for _, e := range list {
-				var refs []string
-				for _, l := range e.Layers {
-					refs = append(refs, l.Ref)
-				}
-				row(tw, e.Name, e.Version, strings.Join(refs, ","), fmtBytes(e.Size), age(e.CreatedAt, now))
-			}
-			return tw.Flush()
-		},
-	}
-	c.Flags().StringVarP(&output, "output", "o", "", "output: table (default) or json")
-	return c
+			row(tw, e.Name, e.Version, strings.Join(refs, ","), fmtBytes(e.Size), age(e.CreatedAt, now))
+		}
+		return tw.Flush()
+	})
 }
 
 func newEnvGetCmd(a *app) *cobra.Command {
-	var output string
-	c := &cobra.Command{
+	return showCmd(a, &cobra.Command{
 		Use:     "get NAME[@VERSION]",
 		Aliases: []string{"inspect"},
 		Short:   "Show one environment (the latest version when none is given)",
 		Args:    exactArgs(1, "one environment ref"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output, outDefault, outJSON); err != nil {
-				return err
-			}
-			env, err := a.client().GetEnvironment(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			if output == outJSON {
-				return writeJSON(a.stdout, env)
-			}
-			now := time.Now()
-			tw := newTable(a.stdout, "Environment:", env.Ref)
-			for i := len(env.Layers) - 1; i >= 0; i-- { // top first, as overlay stacks them
-				l := env.Layers[i]
-				row(tw, "Layer:", fmt.Sprintf("%s (%s, %s)", l.Ref, l.Kind, fmtBytes(l.Size)))
-			}
-			row(tw, "Size:", fmtBytes(env.Size))
-			row(tw, "Env:", kvList(env.Env, ", "))
-			row(tw, "Workdir:", orDash(env.Workdir))
-			row(tw, "User:", orDash(env.User))
-			if len(env.Entrypoint) > 0 {
-				row(tw, "Entrypoint:", strings.Join(env.Entrypoint, " "))
-			}
-			row(tw, "Created:", stamp(env.CreatedAt, now))
-			return tw.Flush()
-		},
-	}
-	c.Flags().StringVarP(&output, "output", "o", "", "output: text (default) or json")
-	return c
+	}, "text", func(cmd *cobra.Command, args []string) (*api.Environment, error) {
+		return a.client().GetEnvironment(cmd.Context(), args[0])
+	}, func(w io.Writer, env *api.Environment) error {
+		now := time.Now()
+		tw := newTable(w, "Environment:", env.Ref)
+		for i := len(env.Layers) - 1; i >= 0; i-- { // top first, as overlay stacks them
+			l := env.Layers[i]
+			row(tw, "Layer:", fmt.Sprintf("%s (%s, %s)", l.Ref, l.Kind, fmtBytes(l.Size)))
+		}
+		row(tw, "Size:", fmtBytes(env.Size))
+		row(tw, "Env:", kvList(env.Env, ", "))
+		row(tw, "Workdir:", orDash(env.Workdir))
+		row(tw, "User:", orDash(env.User))
+		if len(env.Entrypoint) > 0 {
+			row(tw, "Entrypoint:", strings.Join(env.Entrypoint, " "))
+		}
+		row(tw, "Created:", stamp(env.CreatedAt, now))
+		return tw.Flush()
+	})
 }
 
 func newEnvRmCmd(a *app) *cobra.Command {
-	return &cobra.Command{
+	return eachCmd(a, &cobra.Command{
 		Use:     "rm NAME@VERSION [NAME@VERSION...]",
 		Aliases: []string{"delete", "remove"},
 		Short:   "Remove environments (sandboxes started from them keep running)",
-		Args:    minArgs(1, "one or more environment refs"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.eachRef(cmd, args, a.client().DeleteEnvironment)
-		},
-	}
-}
-
-// eachRef runs del on every ref, printing the ones done and reporting the
-// others; exit status 1 if any failed.
-func (a *app) eachRef(cmd *cobra.Command, refs []string, del func(ctx context.Context, ref string) error) error {
-	failed := 0
-	for _, ref := range refs {
-		if err := del(cmd.Context(), ref); err != nil {
-			if cmd.Context().Err() != nil {
-				return cmd.Context().Err()
-			}
-			fmt.Fprintf(a.stderr, "warren: %s: %s\n", ref, a.describe(err))
-			failed++
-			continue
-		}
-		fmt.Fprintln(a.stdout, ref)
-	}
-	if failed > 0 {
-		return exitError{1}
-	}
-	return nil
-}
-
-func minArgs(n int, what string) cobra.PositionalArgs {
-	return func(cmd *cobra.Command, args []string) error {
-		if len(args) < n {
-			return usagef("%s takes %s", cmd.CommandPath(), what)
-		}
-		return nil
-	}
-}
-
-func maxArgs(n int, what string) cobra.PositionalArgs {
-	return func(cmd *cobra.Command, args []string) error {
-		if len(args) > n {
-			return usagef("%s takes %s", cmd.CommandPath(), what)
-		}
-		return nil
-	}
-}
-
-func firstArg(args []string) string {
-	if len(args) == 0 {
-		return ""
-	}
-	return args[0]
+	}, "one or more environment refs", (*client.Client).DeleteEnvironment)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/client"
 )
 
 // projectCommands returns the top-level `project` and `token` verbs.
@@ -95,8 +96,8 @@ func displayPath(p string) string {
 }
 
 func newProjectCreateCmd(a *app) *cobra.Command {
-	var quota, desc, output string
-	c := &cobra.Command{
+	var quota, desc string
+	c := showCmd(a, &cobra.Command{
 		Use:   "create PATH [--quota QUOTA] [--description TEXT]",
 		Short: "Create a sub-project with part of its parent's quota",
 		Long: `Create the project PATH (segments of a-z, 0-9, '.', '_', '-', joined by '/').
@@ -106,38 +107,26 @@ Its parent must exist; the token must be an admin of a proper ancestor.
 		Example: `  warren project create research --quota sandboxes=5000,vcpu=1000,memory=4Ti,creates=100/s
   warren project create research/rl-math --quota sandboxes=2000,vcpu=500,memory=2Ti`,
 		Args: exactArgs(1, "one project path"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output, outDefault, outJSON); err != nil {
-				return err
-			}
-			req := api.CreateProjectRequest{Path: args[0], Description: desc}
-			if quota != "" {
-				p, err := parseQuota(quota)
-				if err != nil {
-					return err
-				}
-				req.Quota = p.Apply(api.Quota{})
-			}
-			p, err := a.client().CreateProject(cmd.Context(), req)
+	}, "text", func(cmd *cobra.Command, args []string) (*api.Project, error) {
+		req := api.CreateProjectRequest{Path: args[0], Description: desc}
+		if quota != "" {
+			p, err := parseQuota(quota)
 			if err != nil {
-				return err
+				return nil, err
 			}
-			if output == outJSON {
-				return writeJSON(a.stdout, p)
-			}
-			return printProject(a.stdout, p)
-		},
-	}
+			req.Quota = p.Apply(api.Quota{})
+		}
+		return a.client().CreateProject(cmd.Context(), req)
+	}, printProject)
 	f := c.Flags()
 	f.StringVar(&quota, "quota", "", "QUOTA, e.g. sandboxes=2000,vcpu=500,memory=2Ti,creates=50/s (default: none of its own)")
 	f.StringVar(&desc, "description", "", "what the project is for")
-	f.StringVarP(&output, "output", "o", "", "output: text (default) or json")
 	return c
 }
 
 func newProjectUpdateCmd(a *app) *cobra.Command {
-	var quota, desc, output string
-	c := &cobra.Command{
+	var quota, desc string
+	c := showCmd(a, &cobra.Command{
 		Use:   "update PATH [--quota QUOTA] [--description TEXT]",
 		Short: "Change some of a project's quota or its description",
 		Long: `Change the quota fields given in --quota and keep the others (0 removes
@@ -148,64 +137,38 @@ handed down to its sub-projects.
 ` + quotaHelp,
 		Example: `  warren project update research/rl-math --quota vcpu=600,creates=0`,
 		Args:    exactArgs(1, "one project path"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output, outDefault, outJSON); err != nil {
-				return err
-			}
-			var req api.UpdateProjectRequest
-			if cmd.Flags().Changed("quota") {
-				p, err := parseQuota(quota)
-				if err != nil {
-					return err
-				}
-				req.Quota = &p
-			}
-			if cmd.Flags().Changed("description") {
-				req.Description = &desc
-			}
-			if req.Quota == nil && req.Description == nil {
-				return usagef("nothing to change: give --quota or --description")
-			}
-			p, err := a.client().UpdateProject(cmd.Context(), args[0], req)
+	}, "text", func(cmd *cobra.Command, args []string) (*api.Project, error) {
+		var req api.UpdateProjectRequest
+		if cmd.Flags().Changed("quota") {
+			p, err := parseQuota(quota)
 			if err != nil {
-				return err
+				return nil, err
 			}
-			if output == outJSON {
-				return writeJSON(a.stdout, p)
-			}
-			return printProject(a.stdout, p)
-		},
-	}
+			req.Quota = &p
+		}
+		if cmd.Flags().Changed("description") {
+			req.Description = &desc
+		}
+		if req.Quota == nil && req.Description == nil {
+			return nil, usagef("nothing to change: give --quota or --description")
+		}
+		return a.client().UpdateProject(cmd.Context(), args[0], req)
+	}, printProject)
 	f := c.Flags()
 	f.StringVar(&quota, "quota", "", "QUOTA fields to change, e.g. vcpu=600,memory=3Ti")
 	f.StringVar(&desc, "description", "", "new description")
-	f.StringVarP(&output, "output", "o", "", "output: text (default) or json")
 	return c
 }
 
 func newProjectGetCmd(a *app) *cobra.Command {
-	var output string
-	c := &cobra.Command{
+	return showCmd(a, &cobra.Command{
 		Use:     "get PATH",
 		Aliases: []string{"inspect"},
 		Short:   "Show a project's quota, usage and sub-projects",
 		Args:    exactArgs(1, "one project path (/ for the root)"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output, outDefault, outJSON); err != nil {
-				return err
-			}
-			p, err := a.client().GetProject(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			if output == outJSON {
-				return writeJSON(a.stdout, p)
-			}
-			return printProject(a.stdout, p)
-		},
-	}
-	c.Flags().StringVarP(&output, "output", "o", "", "output: text (default) or json")
-	return c
+	}, "text", func(cmd *cobra.Command, args []string) (*api.Project, error) {
+		return a.client().GetProject(cmd.Context(), args[0])
+	}, printProject)
 }
 
 // usedOf renders "used / limit", or "used" alone when there is no limit.
@@ -258,33 +221,19 @@ func fmtRate(q api.Quota) string {
 }
 
 func newProjectLsCmd(a *app) *cobra.Command {
-	var output string
-	c := &cobra.Command{
+	return showCmd(a, &cobra.Command{
 		Use:     "ls [PATH]",
 		Aliases: []string{"list", "tree"},
 		Short:   "Show a project tree with quotas and usage (default: the token's own project)",
 		Long: `Show PATH and every project under it as a tree. Usage counts the whole
 subtree; "used / quota" where the project sets a limit of its own.`,
 		Args: maxArgs(1, "at most one project path (/ for the root)"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output, outDefault, outJSON); err != nil {
-				return err
-			}
-			list, err := a.client().ListProjects(cmd.Context(), firstArg(args))
-			if err != nil {
-				return err
-			}
-			if output == outJSON {
-				if list == nil {
-					list = []api.Project{}
-				}
-				return writeJSON(a.stdout, api.ProjectList{Projects: list})
-			}
-			return printProjectTree(a.stdout, list)
-		},
-	}
-	c.Flags().StringVarP(&output, "output", "o", "", "output: tree (default) or json")
-	return c
+	}, "tree", func(cmd *cobra.Command, args []string) (api.ProjectList, error) {
+		list, err := a.client().ListProjects(cmd.Context(), firstArg(args))
+		return api.ProjectList{Projects: nonNil(list)}, err
+	}, func(w io.Writer, list api.ProjectList) error {
+		return printProjectTree(w, list.Projects)
+	})
 }
 
 // printProjectTree draws list (a subtree sorted by path, its top first)
@@ -325,43 +274,11 @@ func printProjectTree(w io.Writer, list []api.Project) error {
 }
 
 func newProjectRmCmd(a *app) *cobra.Command {
-	return &cobra.Command{
+	return eachCmd(a, &cobra.Command{
 		Use:     "rm PATH [PATH...]",
 		Aliases: []string{"delete", "remove"},
 		Short:   "Delete projects without sub-projects or sandboxes (their tokens stop working)",
-		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 0 {
-				return usagef("%s takes one or more project paths", cmd.CommandPath())
-			}
-			return nil
-		},
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return eachArg(cmd, a, args, func(path string) error {
-				return a.client().DeleteProject(cmd.Context(), path)
-			})
-		},
-	}
-}
-
-// eachArg runs fn for every arg, printing the ones that succeed and the
-// errors of the others; exit status 1 if any failed.
-func eachArg(cmd *cobra.Command, a *app, args []string, fn func(string) error) error {
-	failed := 0
-	for _, arg := range args {
-		if err := fn(arg); err != nil {
-			if cmd.Context().Err() != nil {
-				return cmd.Context().Err()
-			}
-			fmt.Fprintf(a.stderr, "warren: %s: %s\n", arg, a.describe(err))
-			failed++
-			continue
-		}
-		fmt.Fprintln(a.stdout, arg)
-	}
-	if failed > 0 {
-		return exitError{1}
-	}
-	return nil
+	}, "one or more project paths", (*client.Client).DeleteProject)
 }
 
 // parseTTL reads a Go duration or a number of days ("30d").
@@ -382,10 +299,10 @@ func parseTTL(s string) (time.Duration, error) {
 
 func newTokenCreateCmd(a *app) *cobra.Command {
 	var (
-		req         api.CreateTokenRequest
-		ttl, output string
+		req api.CreateTokenRequest
+		ttl string
 	)
-	c := &cobra.Command{
+	c := showCmd(a, &cobra.Command{
 		Use:   "create --project PATH --role ROLE [--ttl 30d] [--name NAME]",
 		Short: "Mint a token and print its secret (shown this once)",
 		Long: `Mint a token scoped to PATH's subtree and print its secret on stdout; the
@@ -396,105 +313,71 @@ outlives the one that mints it.`,
 		Example: `  warren token create --project research/rl-math --role runner --ttl 30d --name trainer-7
   export WARREN_TOKEN=$(warren token create --project research/rl-math --role admin --ttl 7d)`,
 		Args: noArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output, outDefault, outJSON); err != nil {
-				return err
-			}
-			if req.Role == "" {
-				return usagef("--role is required (reader, runner, builder, admin or node)")
-			}
-			if ttl != "" {
-				d, err := parseTTL(ttl)
-				if err != nil {
-					return err
-				}
-				req.TTL = api.Duration(d)
-			}
-			t, err := a.client().CreateToken(cmd.Context(), req)
+	}, "secret", func(cmd *cobra.Command, args []string) (*api.CreatedToken, error) {
+		if req.Role == "" {
+			return nil, usagef("--role is required (reader, runner, builder, admin or node)")
+		}
+		if ttl != "" {
+			d, err := parseTTL(ttl)
 			if err != nil {
-				return err
+				return nil, err
 			}
-			if output == outJSON {
-				return writeJSON(a.stdout, t)
-			}
-			fmt.Fprintln(a.stdout, t.Secret)
-			exp := "never expires"
-			if !t.Token.ExpiresAt.IsZero() {
-				exp = "expires " + t.Token.ExpiresAt.Local().Format(time.RFC3339)
-			}
-			fmt.Fprintf(a.stderr, "token %s: %s of %s, %s. The secret above is shown only once.\n",
-				t.Token.ID, t.Token.Role, displayPath(t.Token.Project), exp)
-			return nil
-		},
-	}
+			req.TTL = api.Duration(d)
+		}
+		return a.client().CreateToken(cmd.Context(), req)
+	}, func(w io.Writer, t *api.CreatedToken) error {
+		fmt.Fprintln(w, t.Secret)
+		exp := "never expires"
+		if !t.Token.ExpiresAt.IsZero() {
+			exp = "expires " + t.Token.ExpiresAt.Local().Format(time.RFC3339)
+		}
+		fmt.Fprintf(a.stderr, "token %s: %s of %s, %s. The secret above is shown only once.\n",
+			t.Token.ID, t.Token.Role, displayPath(t.Token.Project), exp)
+		return nil
+	})
 	f := c.Flags()
 	f.StringVar(&req.Project, "project", "", "project whose subtree the token acts on (default: the creating token's own)")
 	f.StringVar(&req.Role, "role", "", "reader, runner, builder, admin or node (required)")
 	f.StringVar(&ttl, "ttl", "", "lifetime, e.g. 30d or 12h (default: the creating token's own)")
 	f.StringVar(&req.Name, "name", "", "a name to recognise it by, e.g. trainer-7")
 	f.StringVar(&req.Description, "description", "", "what it is for")
-	f.StringVarP(&output, "output", "o", "", "output: secret (default) or json")
 	return c
 }
 
 func newTokenLsCmd(a *app) *cobra.Command {
-	var project, output string
-	c := &cobra.Command{
+	var project string
+	c := showCmd(a, &cobra.Command{
 		Use:     "ls [--project PATH]",
 		Aliases: []string{"list"},
 		Short:   "List the tokens of a project's subtree (default: the token's own project)",
 		Args:    noArgs,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := checkOutput(output, outDefault, outJSON); err != nil {
-				return err
+	}, "table", func(cmd *cobra.Command, args []string) (api.TokenList, error) {
+		list, err := a.client().ListTokens(cmd.Context(), project)
+		return api.TokenList{Tokens: nonNil(list)}, err
+	}, func(w io.Writer, list api.TokenList) error {
+		now := time.Now()
+		tw := newTable(w, "ID", "NAME", "PROJECT", "ROLE", "EXPIRES", "CREATED")
+		for _, t := range list.Tokens {
+			exp := "never"
+			switch {
+			case t.ExpiresAt.IsZero():
+			case !t.ExpiresAt.After(now):
+				exp = "expired"
+			default:
+				exp = "in " + age(now, t.ExpiresAt) // age measures ExpiresAt - now here
 			}
-			list, err := a.client().ListTokens(cmd.Context(), project)
-			if err != nil {
-				return err
-			}
-			if output == outJSON {
-				if list == nil {
-					list = []api.Token{}
-				}
-				return writeJSON(a.stdout, api.TokenList{Tokens: list})
-			}
-			now := time.Now()
-			tw := newTable(a.stdout, "ID", "NAME", "PROJECT", "ROLE", "EXPIRES", "CREATED")
-			for _, t := range list {
-				exp := "never"
-				switch {
-				case t.ExpiresAt.IsZero():
-				case !t.ExpiresAt.After(now):
-					exp = "expired"
-				default:
-					exp = "in " + age(now, t.ExpiresAt) // age measures ExpiresAt - now here
-				}
-				row(tw, t.ID, orDash(t.Name), displayPath(t.Project), t.Role, exp, age(t.CreatedAt, now))
-			}
-			return tw.Flush()
-		},
-	}
-	f := c.Flags()
-	f.StringVar(&project, "project", "", "project whose subtree to list (/ for the root)")
-	f.StringVarP(&output, "output", "o", "", "output: table (default) or json")
+			row(tw, t.ID, orDash(t.Name), displayPath(t.Project), t.Role, exp, age(t.CreatedAt, now))
+		}
+		return tw.Flush()
+	})
+	c.Flags().StringVar(&project, "project", "", "project whose subtree to list (/ for the root)")
 	return c
 }
 
 func newTokenRevokeCmd(a *app) *cobra.Command {
-	return &cobra.Command{
+	return eachCmd(a, &cobra.Command{
 		Use:     "revoke ID [ID...]",
 		Aliases: []string{"rm", "delete"},
 		Short:   "Revoke tokens (they stop working within seconds on every apiserver)",
-		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 0 {
-				return usagef("%s takes one or more token ids", cmd.CommandPath())
-			}
-			return nil
-		},
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return eachArg(cmd, a, args, func(id string) error {
-				return a.client().RevokeToken(cmd.Context(), id)
-			})
-		},
-	}
+	}, "one or more token ids", (*client.Client).RevokeToken)
 }

@@ -1,32 +1,48 @@
 // Package python_test runs the Python SDK's own tests (sdk/python/tests)
-// against an apiserver over the fake backend.
+// against an apiserver over the fake backend, with projects and tokens
+// (IAM over an in-memory store) and the root admin secret as WARREN_TOKEN.
 package python_test
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"testing"
+	"time"
 
 	"github.com/warrenhq/warren/internal/apiserver"
+	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/image/imagetest"
 	"github.com/warrenhq/warren/internal/node/nodetest"
+	"github.com/warrenhq/warren/internal/store"
 	"github.com/warrenhq/warren/internal/testutil"
 )
 
+const rootSecret = "py-root-admin-secret"
+
 func TestPythonSDK(t *testing.T) {
 	testutil.RequireBinary(t, "python3")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	st := store.Memory()
+	usage := apiserver.NewUsage()
+	m := iam.New(st, iam.Options{Usage: usage, CommitHold: -1, QuotaRetryAfter: time.Second})
+	if _, err := m.EnsureAdmin(ctx, rootSecret); err != nil {
+		t.Fatal(err)
+	}
+	agent := nodetest.New(t, nil)
+	go usage.Follow(ctx, agent, 50*time.Millisecond)
 	srv := httptest.NewServer(apiserver.New(apiserver.Config{
-		Node:   nodetest.New(t, nil),
-		Images: imagetest.Busybox,
-		Tokens: apiserver.StaticToken("py-token"),
-		Log:    slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Node: agent, Images: imagetest.Busybox, Usage: usage,
+		Tokens: m, IAM: m, Idempotency: iam.NewIdempotency(st, iam.IdempotencyOptions{}),
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}))
 	defer srv.Close()
 	cmd := exec.Command("python3", "-m", "unittest", "discover", "-s", "tests", "-v")
-	cmd.Env = append(os.Environ(), "WARREN_ADDR="+srv.URL, "WARREN_TOKEN=py-token", "PYTHONDONTWRITEBYTECODE=1")
+	cmd.Env = append(os.Environ(), "WARREN_ADDR="+srv.URL, "WARREN_TOKEN="+rootSecret, "PYTHONDONTWRITEBYTECODE=1")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("python tests: %v\n%s", err, out)

@@ -10,8 +10,27 @@ concurrent sandboxes don't need thousands of event-loop-blocking calls).
     r = c.exec(sb["id"], cmd="echo hello; exit 3")
     assert r.exit_code == 3 and r.stdout == b"hello\\n"
     c.delete_sandbox(sb["id"])
+
+Projects and tokens: an admin token hands part of its project's quota to a
+sub-project and mints a token scoped to it.
+
+    c.create_project("research/rl-math", quota={"sandboxes": 200, "cpu": 50, "memory": "200Gi"})
+    secret = c.create_token("runner", project="research/rl-math", ttl="720h", name="trainer-7")["secret"]
+    worker = Client(token=secret)      # creates count against research/rl-math's quota
+    try:
+        worker.create_sandbox("busybox")
+    except ExhaustedError as e:        # e.code == "quota_exceeded" or "rate_limited"
+        time.sleep(e.retry_after)
+
+Refusals raise WarrenError, as the subclass of their HTTP class:
+InvalidError (400), UnauthenticatedError (401), ForbiddenError (403),
+NotFoundError (404), ConflictError (409), ExhaustedError (429),
+InternalError (500), UnavailableError (503). Switch on ``e.code``
+(quota_exceeded, project_exists, ...), never on the message.
 """
 
-from .client import AsyncClient, Client, ExecResult, WarrenError
+from .client import (AsyncClient, Client, ConflictError, ExecResult, ExhaustedError, ForbiddenError, InternalError,
+                     InvalidError, NotFoundError, UnauthenticatedError, UnavailableError, WarrenError)
 
-__all__ = ["Client", "AsyncClient", "ExecResult", "WarrenError"]
+__all__ = ["Client", "AsyncClient", "ExecResult", "WarrenError", "InvalidError", "UnauthenticatedError",
+           "ForbiddenError", "NotFoundError", "ConflictError", "ExhaustedError", "InternalError", "UnavailableError"]

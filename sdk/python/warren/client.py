@@ -19,7 +19,13 @@ DEFAULT_DATA_DIR = "/var/lib/warren"
 
 
 class WarrenError(Exception):
-    """A classified error from the API: switch on ``code``, never on the message."""
+    """A classified error from the API: switch on ``code``, never on the message.
+
+    Each HTTP class of refusal raises a subclass (ForbiddenError,
+    ConflictError, ...), so ``except ConflictError`` and
+    ``except WarrenError`` both work; ``code`` tells the cases of a class
+    apart (quota_exceeded or rate_limited within ExhaustedError).
+    """
 
     def __init__(self, status: int, code: str, message: str, retry_after: float = 0.0):
         super().__init__(f"{message} ({code})")
@@ -31,6 +37,64 @@ class WarrenError(Exception):
     @property
     def retryable(self) -> bool:
         return self.status in (429, 503)
+
+
+class InvalidError(WarrenError):
+    """400: a malformed request (invalid_argument, invalid_project, request_exceeds_quota)."""
+
+
+class UnauthenticatedError(WarrenError):
+    """401: the token is missing, unknown, expired or revoked (unauthenticated)."""
+
+
+class ForbiddenError(WarrenError):
+    """403: the token's role or scope does not reach the call (forbidden)."""
+
+
+class NotFoundError(WarrenError):
+    """404: sandbox_not_found, image_not_found, project_not_found, token_not_found, ..."""
+
+
+class ConflictError(WarrenError):
+    """409: project_exists, quota_exceeds_parent, quota_below_children, project_in_use, ..."""
+
+
+class ExhaustedError(WarrenError):
+    """429: quota_exceeded, rate_limited or node_full; try again after ``retry_after`` seconds."""
+
+
+class UnavailableError(WarrenError):
+    """503: no node or backend can take the request now (unavailable, sandbox_lost, ...)."""
+
+
+class InternalError(WarrenError):
+    """500: the server failed (internal)."""
+
+
+_STATUS_ERRORS = {400: InvalidError, 401: UnauthenticatedError, 403: ForbiddenError, 404: NotFoundError,
+                  409: ConflictError, 429: ExhaustedError, 500: InternalError, 503: UnavailableError}
+
+# The status each code is sent with, to classify an error event inside a
+# 200 stream; codes ending in _not_found are 404.
+_CODE_STATUS = {
+    **dict.fromkeys(("invalid_argument", "invalid_project", "request_exceeds_quota"), 400),
+    "unauthenticated": 401,
+    "forbidden": 403,
+    **dict.fromkeys(("conflict", "layer_exists", "env_exists", "layer_in_use", "project_exists",
+                     "project_has_children", "project_in_use", "too_many_projects", "quota_exceeds_parent",
+                     "quota_below_children", "idempotency_key_reused", "idempotency_claim_lost"), 409),
+    **dict.fromkeys(("resource_exhausted", "node_full", "quota_exceeded", "rate_limited"), 429),
+    "internal": 500,
+    **dict.fromkeys(("unavailable", "backend_unavailable", "sandbox_lost", "node_unreachable"), 503),
+}
+
+
+def _error(status: int, code: str, message: str, retry_after: float = 0.0) -> WarrenError:
+    """The WarrenError subclass of status or, for an error inside a stream (status 0), of code."""
+    cls = _STATUS_ERRORS.get(status)
+    if cls is None and not status:
+        cls = _STATUS_ERRORS.get(404 if code.endswith("_not_found") else _CODE_STATUS.get(code, 0))
+    return (cls or WarrenError)(status, code, message, retry_after)
 
 
 @dataclass
@@ -174,12 +238,16 @@ class Client:
     def get_sandbox(self, sid: str) -> Dict[str, Any]:
         return self._json("GET", "/v1/sandboxes/" + sid)
 
-    def list_sandboxes(self, labels: Optional[Dict[str, str]] = None, state: str = "") -> List[Dict[str, Any]]:
+    def list_sandboxes(self, labels: Optional[Dict[str, str]] = None, state: str = "",
+                       project: str = "") -> List[Dict[str, Any]]:
+        """The sandboxes the token may see; project keeps those of that project's subtree."""
         q: Dict[str, Any] = {}
         if labels:
             q["label"] = [f"{k}={v}" for k, v in labels.items()]
         if state:
             q["state"] = state
+        if project:
+            q["project"] = project
         return self._json("GET", "/v1/sandboxes", query=q)["sandboxes"]
 
     def delete_sandbox(self, sid: str) -> None:
@@ -223,7 +291,7 @@ class Client:
             for ev in _ndjson(resp):
                 if "error" in ev:
                     e = ev["error"]
-                    raise WarrenError(0, e.get("code", ""), e.get("message", ""))
+                    raise _error(0, e.get("code", ""), e.get("message", ""))
                 if "result" in ev:
                     return ExecResult.from_json(ev["result"], bytes(out), bytes(err))
                 data = _decode(ev.get("data", ""), ev.get("encoding", ""))
@@ -235,7 +303,7 @@ class Client:
                     err += data
                     if on_stderr:
                         on_stderr(data)
-        raise WarrenError(0, "internal", "exec stream ended without a result")
+        raise _error(0, "internal", "exec stream ended without a result")
 
     # -- files ------------------------------------------------------------
 
@@ -269,6 +337,104 @@ class Client:
     def list_nodes(self) -> List[Dict[str, Any]]:
         return self._json("GET", "/v1/nodes")["nodes"]
 
+    # -- projects and tokens ----------------------------------------------
+    #
+    # Projects form a tree ("research", "research/rl-math"; "" or "/" is the
+    # root). A token acts on one project's subtree with a role: reader <
+    # runner (+ sandboxes) < builder (+ layers, environments) < admin (+
+    # sub-projects, tokens). A quota is a dict of the limits a subtree may
+    # use: sandboxes, cpu (vCPU), memory and disk (bytes or "2Ti"),
+    # creates_per_sec, creates_burst; a key left out or 0 sets no limit of
+    # the project's own. Sub-project quotas are carved out of their parent's,
+    # so an agent with an admin token can hand part of its quota on.
+
+    def create_project(self, path: str, *, quota: Optional[Dict[str, Any]] = None,
+                       description: str = "") -> Dict[str, Any]:
+        """Create a sub-project with a quota carved out of its parent's; returns the project.
+
+        Needs an admin token scoped to a proper ancestor. Raises ConflictError
+        (project_exists; quota_exceeds_parent when the parent has not that
+        much left to hand down; too_many_projects), NotFoundError
+        (project_not_found: no parent), ForbiddenError, InvalidError
+        (invalid_project: a malformed path; invalid_argument: an unknown quota key).
+        """
+        body: Dict[str, Any] = {"path": path, "quota": dict(quota or {})}
+        if description:
+            body["description"] = description
+        return self._json("POST", "/v1/projects", body=body)
+
+    def get_project(self, path: str) -> Dict[str, Any]:
+        """One project: its quota, its subtree's usage (and reserved), its direct children."""
+        return self._json("GET", _project_path(path))
+
+    def list_projects(self, path: str = "") -> List[Dict[str, Any]]:
+        """The project at path and every one under it, parents first.
+
+        An empty path lists the token's own project's subtree; "/" is the root.
+        """
+        return self._json("GET", "/v1/projects", query={"path": path} if path else None)["projects"]
+
+    def update_project(self, path: str, *, quota: Optional[Dict[str, Any]] = None,
+                       description: Optional[str] = None) -> Dict[str, Any]:
+        """Change the quota keys given (0 removes that limit) and/or the description; keep the rest.
+
+        Needs an admin of a proper ancestor: a project cannot raise its own
+        quota (ForbiddenError). Raises as create_project, and ConflictError
+        quota_below_children when a limit would drop below what the project
+        handed down. A quota may drop below current usage: creates then wait.
+        """
+        body: Dict[str, Any] = {}
+        if quota is not None:
+            body["quota"] = dict(quota)
+        if description is not None:
+            body["description"] = description
+        return self._json("PATCH", _project_path(path), body=body)
+
+    def delete_project(self, path: str) -> None:
+        """Delete a project without sub-projects or sandboxes; its tokens stop working.
+
+        Raises ConflictError (project_has_children, project_in_use) otherwise.
+        """
+        if not path.strip("/"):
+            raise ValueError("the root project cannot be deleted")
+        self._request("DELETE", _project_path(path)).close()
+
+    def create_token(self, role: str, *, project: str = "", ttl: Any = None, name: str = "",
+                     description: str = "") -> Dict[str, Any]:
+        """Mint a token: returns {"token": {...}, "secret": "wrn_..."}; the secret is shown this once.
+
+        project is the token's scope (default the caller's own, "/" the root);
+        ttl its lifetime ("720h" or seconds; default the caller's own expiry).
+        The caller must be an admin whose scope holds project, and the token
+        may neither outrank nor outlive it (ForbiddenError).
+        """
+        body: Dict[str, Any] = {"role": role}
+        for k, v in (("project", project), ("ttl", ttl), ("name", name), ("description", description)):
+            if v:
+                body[k] = v
+        return self._json("POST", "/v1/tokens", body=body)
+
+    def list_tokens(self, project: str = "") -> List[Dict[str, Any]]:
+        """The tokens scoped anywhere in project's subtree (default the caller's own), oldest first, no secrets.
+
+        Needs an admin token.
+        """
+        return self._json("GET", "/v1/tokens", query={"project": project} if project else None)["tokens"]
+
+    def revoke_token(self, token_id: str) -> None:
+        """Revoke a token by its id: it stops working at once here, within seconds everywhere.
+
+        An unknown id, or one outside the caller's scope, is NotFoundError (token_not_found).
+        """
+        if not token_id:
+            raise ValueError("empty token id")
+        self._request("DELETE", "/v1/tokens/" + urllib.parse.quote(token_id, safe="")).close()
+
+
+def _project_path(path: str) -> str:
+    """/v1/projects/{path} with each segment escaped; "" and "/" are the root."""
+    return "/v1/projects/" + "/".join(urllib.parse.quote(seg, safe="") for seg in path.strip("/").split("/"))
+
 
 def _ndjson(resp: BinaryIO) -> Iterator[Dict[str, Any]]:
     for line in resp:
@@ -287,7 +453,7 @@ def _error_from(e: urllib.error.HTTPError) -> WarrenError:
         pass
     if not retry and e.headers.get("Retry-After", "").isdigit():
         retry = float(e.headers["Retry-After"])
-    return WarrenError(e.code, code or f"http_{e.code}", message, retry)
+    return _error(e.code, code or f"http_{e.code}", message, retry)
 
 
 class AsyncClient:

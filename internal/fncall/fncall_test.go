@@ -1,0 +1,337 @@
+package fncall
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/backend"
+	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/image"
+	"github.com/warrenhq/warren/internal/image/imagetest"
+	"github.com/warrenhq/warren/internal/testutil"
+)
+
+// fninitBin is warren-fninit built once for the package's tests.
+var fninitBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "fninit-")
+	if err != nil {
+		panic(err)
+	}
+	fninitBin = filepath.Join(dir, "warren-fninit")
+	if out, err := exec.Command("go", "build", "-o", fninitBin, "github.com/warrenhq/warren/cmd/warren-fninit").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build warren-fninit: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// layerMap is a Layers over layers built in the test.
+type layerMap map[string]backend.Layer
+
+func (m layerMap) Fetch(_ context.Context, digest string) (backend.Layer, error) {
+	l, ok := m[digest]
+	if !ok {
+		return l, errdefs.New(errdefs.ErrNotFound, api.CodeLayerNotFound, "layer %s not found", digest)
+	}
+	return l, nil
+}
+
+// newService returns a started Service with the sh runtime on a busybox
+// layer, and whatever runtimes extra adds (given the same images and
+// layers to fill).
+func newService(t *testing.T, pool PoolConfig, extra ...Runtime) *Service {
+	t.Helper()
+	testutil.RequireRoot(t)
+	if err := checkCgroups(); err != nil {
+		testutil.Unavailable(t, "%v", err)
+	}
+	l := imagetest.BusyboxLayer(t)
+	images := imagetest.Images{"busybox@1": {Name: "busybox@1", Layers: []string{l.Digest}}}
+	layers := layerMap{l.Digest: l}
+	rts := append([]Runtime{{Name: "sh", Env: "busybox@1", Source: "main.sh", Run: []string{"sh", "main.sh"}, Pool: pool}}, extra...)
+	mounts := image.NewMounts(filepath.Join(t.TempDir(), "layers"))
+	s, err := New(Config{
+		Runtimes:     rts,
+		Images:       images,
+		Layers:       layers,
+		Mounts:       mounts,
+		StateDir:     t.TempDir(),
+		CgroupParent: "/warren-test/fn-" + randomHex(3),
+		Init:         fninitBin,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Available(); err != nil {
+		testutil.Unavailable(t, "%v", err)
+	}
+	s.Start()
+	t.Cleanup(func() {
+		s.Close()
+		if err := mounts.Prune(); err != nil {
+			t.Errorf("prune mounts: %v", err)
+		}
+	})
+	return s
+}
+
+func sh(script string) api.FnRunRequest {
+	return api.FnRunRequest{Runtime: "sh", Source: script}
+}
+
+func run(t *testing.T, s *Service, req api.FnRunRequest) api.FnResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	res, err := s.Run(ctx, req)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	return res
+}
+
+func one(t *testing.T, res api.FnResult) api.FnCaseResult {
+	t.Helper()
+	if len(res.Cases) != 1 {
+		t.Fatalf("want 1 case, got %+v", res)
+	}
+	return res.Cases[0]
+}
+
+func TestRunEcho(t *testing.T) {
+	s := newService(t, PoolConfig{Min: 1, Max: 4})
+	res := run(t, s, api.FnRunRequest{Runtime: "sh", Source: "read x; echo \"got $x\"; echo err >&2", Stdin: "hi\n"})
+	c := one(t, res)
+	if res.Status != api.FnOK || c.Status != api.FnOK || c.Stdout != "got hi\n" || c.Stderr != "err\n" {
+		t.Fatalf("result %+v", res)
+	}
+}
+
+func TestCasesAndCompare(t *testing.T) {
+	s := newService(t, PoolConfig{Min: 1, Max: 4})
+	want := func(s string) *string { return &s }
+	req := sh("read a b; echo $((a+b))")
+	req.Cases = []api.FnCase{
+		{Stdin: "1 2\n", Expected: want("3")},        // trailing newline ignored by "lines"
+		{Stdin: "2 2\n", Expected: want("5\n")},      // wrong
+		{Stdin: "5 5\n", Expected: want("10   \n\n")}, // trailing blanks ignored
+	}
+	res := run(t, s, req)
+	got := []string{res.Cases[0].Status, res.Cases[1].Status, res.Cases[2].Status}
+	if strings.Join(got, ",") != "OK,WrongAnswer,OK" || res.Status != api.FnWrongAnswer {
+		t.Fatalf("statuses %v, call %s", got, res.Status)
+	}
+	req.StopOnFail = true
+	res = run(t, s, req)
+	got = []string{res.Cases[0].Status, res.Cases[1].Status, res.Cases[2].Status}
+	if strings.Join(got, ",") != "OK,WrongAnswer,Skipped" {
+		t.Fatalf("stop on fail: %v", got)
+	}
+	req.StopOnFail, req.Compare = false, "exact"
+	res = run(t, s, req)
+	if res.Cases[0].Status != api.FnWrongAnswer { // "3\n" != "3"
+		t.Fatalf("exact compare: %+v", res.Cases[0])
+	}
+}
+
+func TestStatuses(t *testing.T) {
+	s := newService(t, PoolConfig{Min: 2, Max: 8})
+	lim := api.FnLimits{CPUTime: api.Duration(300 * time.Millisecond), WallTime: api.Duration(time.Second),
+		Memory: 32 << 20, PIDs: 32, Output: 64 << 10, FileSize: 1 << 20}
+	for _, tc := range []struct {
+		name, script, status string
+		wall                 time.Duration // default lim's
+		check                func(api.FnCaseResult) error
+	}{
+		{"exit", "exit 3", api.FnNonZeroExit, 0, func(c api.FnCaseResult) error {
+			if c.ExitCode != 3 {
+				return fmt.Errorf("exit code %d", c.ExitCode)
+			}
+			return nil
+		}},
+		{"signal", "kill -SEGV $$", api.FnSignal, 0, func(c api.FnCaseResult) error {
+			if c.Signal != "SIGSEGV" {
+				return fmt.Errorf("signal %q", c.Signal)
+			}
+			return nil
+		}},
+		// A long wall limit, so CPU time is what ends it even on a busy
+		// machine.
+		{"cpu spin", "while :; do :; done", api.FnTimeLimit, 20 * time.Second, func(c api.FnCaseResult) error {
+			if c.CPUMs < 300 || c.CPUMs > 1000 || !strings.Contains(c.Message, "CPU") {
+				return fmt.Errorf("cpu_ms %d (%s), want just over 300", c.CPUMs, c.Message)
+			}
+			return nil
+		}},
+		{"sleep", "sleep 30", api.FnTimeLimit, 0, func(c api.FnCaseResult) error {
+			if c.WallMs < 1000 || c.WallMs > 3000 || c.CPUMs > 100 {
+				return fmt.Errorf("wall_ms %d cpu_ms %d", c.WallMs, c.CPUMs)
+			}
+			return nil
+		}},
+		{"infinite output", "yes", api.FnOutputLimit, 0, func(c api.FnCaseResult) error {
+			if !c.StdoutTruncated || len(c.Stdout) != 64<<10 || c.StdoutBytes <= 64<<10 {
+				return fmt.Errorf("stdout %d bytes kept of %d, truncated %v", len(c.Stdout), c.StdoutBytes, c.StdoutTruncated)
+			}
+			return nil
+		}},
+		{"huge file", "exec dd if=/dev/zero of=big bs=64k count=1000", api.FnOutputLimit, 0, func(c api.FnCaseResult) error {
+			if c.Signal != "SIGXFSZ" {
+				return fmt.Errorf("signal %q", c.Signal)
+			}
+			return nil
+		}},
+		{"memory balloon", `awk 'BEGIN { s = "x"; while (1) s = s s }'`, api.FnMemoryLimit, 20 * time.Second, func(c api.FnCaseResult) error {
+			if c.PeakMemory < 24<<20 {
+				return fmt.Errorf("peak %d", c.PeakMemory)
+			}
+			return nil
+		}},
+		// The pids limit refuses forks; the bomb's shells end on their
+		// own. The message says what happened.
+		{"fork bomb", "f() { f | f & }; f; wait", "", 0, func(c api.FnCaseResult) error {
+			if c.Status == api.FnSandboxError || !strings.Contains(c.Message, "pids limit 32 reached") {
+				return fmt.Errorf("status %s message %q", c.Status, c.Message)
+			}
+			return nil
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := sh(tc.script)
+			req.Limits = lim
+			if tc.wall > 0 {
+				req.Limits.WallTime = api.Duration(tc.wall)
+			}
+			c := one(t, run(t, s, req))
+			if tc.status != "" && c.Status != tc.status {
+				t.Fatalf("status %s (%s), want %s; %+v", c.Status, c.Message, tc.status, c)
+			}
+			if tc.check != nil {
+				if err := tc.check(c); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+	// Every hostile program above left the pool healthy.
+	c := one(t, run(t, s, sh("echo ok")))
+	if c.Status != api.FnOK || c.Stdout != "ok\n" {
+		t.Fatalf("after the hostile runs: %+v", c)
+	}
+}
+
+func TestIsolation(t *testing.T) {
+	s := newService(t, PoolConfig{Min: 1, Max: 4})
+	c := one(t, run(t, s, sh(`
+echo "uid=$(id -u) host=$(hostname) pwd=$(pwd)"
+echo "ifaces=$(ls /sys/class/net 2>/dev/null; cat /proc/self/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' ' | tr '\n' ,)"
+echo "procs=$(ls /proc | grep -c '^[0-9]')"
+echo "devs=$(ls /dev | tr '\n' ,)"
+touch /tmp/mark /box/mark
+unshare -U true 2>/dev/null && echo userns=yes || echo userns=no
+mount -t tmpfs x /tmp 2>/dev/null && echo mount=yes || echo mount=no
+ls /sys 2>/dev/null | head -1
+`)))
+	for _, want := range []string{"uid=65534 host=fn pwd=/box", "ifaces=lo,", "devs=fd,full,null,random,shm,stderr,stdin,stdout,urandom,zero,", "userns=no", "mount=no"} {
+		if !strings.Contains(c.Stdout, want+"\n") {
+			t.Errorf("want %q in:\n%s", want, c.Stdout)
+		}
+	}
+	// Only the shell and its children are visible: not fninit.
+	if strings.Contains(c.Stdout, "procs=0\n") || !strings.Contains(c.Stdout, "procs=") {
+		t.Errorf("procs: %s", c.Stdout)
+	}
+	// A fresh container per call: nothing from the last one.
+	c = one(t, run(t, s, sh("ls /tmp/mark /box/mark 2>&1; true")))
+	if !strings.Contains(c.Stdout, "No such file") || strings.Count(c.Stdout, "No such file") != 2 {
+		t.Fatalf("files leaked between calls: %q", c.Stdout)
+	}
+}
+
+func TestConcurrentCalls(t *testing.T) {
+	s := newService(t, PoolConfig{Min: 2, Max: 16})
+	var wg sync.WaitGroup
+	errs := make(chan error, 40)
+	for i := 0; i < 40; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := s.Run(context.Background(), api.FnRunRequest{Runtime: "sh", Source: "echo $1", Args: []string{fmt.Sprint(i)}})
+			if err != nil {
+				if errdefs.Code(err) == api.CodeFnOverloaded {
+					return
+				}
+				errs <- err
+				return
+			}
+			if c := res.Cases[0]; c.Status != api.FnOK || c.Stdout != fmt.Sprintf("%d\n", i) {
+				errs <- fmt.Errorf("call %d: %+v", i, c)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+func TestOverloadRefuses(t *testing.T) {
+	s := newService(t, PoolConfig{Min: 1, Max: 2, QueueWait: api.Duration(200 * time.Millisecond), QueueMax: 2})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var ok, refused int
+	for i := 0; i < 10; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := s.Run(context.Background(), sh("sleep 1"))
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				ok++
+			case errdefs.Code(err) == api.CodeFnOverloaded && errors.Is(err, errdefs.ErrExhausted) && errdefs.RetryAfter(err) > 0:
+				refused++
+			default:
+				t.Errorf("call: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if ok < 2 || refused < 4 || ok+refused != 10 {
+		t.Fatalf("ok %d refused %d", ok, refused)
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	s := newService(t, PoolConfig{Min: 0, Max: 2})
+	for _, req := range []api.FnRunRequest{
+		{Runtime: "nope", Source: "x"},
+		{Runtime: "sh"},
+		{Runtime: "sh", Source: "x", Files: []api.FnFile{{Path: "../x", Content: "y"}}},
+		{Runtime: "sh", Source: "x", Files: []api.FnFile{{Path: "/etc/x", Content: "y"}}},
+		{Runtime: "sh", Source: "x", Limits: api.FnLimits{CPUTime: api.Duration(time.Hour)}},
+		{Runtime: "sh", Source: "x", Compare: "fuzzy"},
+		{Runtime: "sh", Source: "x", Stdin: "!", StdinEncoding: "base64"},
+		{Runtime: "sh", Source: "x", Env: map[string]string{"A=B": "c"}},
+	} {
+		_, err := s.Run(context.Background(), req)
+		if !errors.Is(err, errdefs.ErrInvalid) && !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("%+v: want a 400/404 error, got %v", req, err)
+		}
+	}
+}

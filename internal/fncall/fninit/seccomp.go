@@ -1,0 +1,121 @@
+package fninit
+
+import (
+	"fmt"
+	"runtime"
+	"unsafe"
+
+	"golang.org/x/net/bpf"
+	"golang.org/x/sys/unix"
+)
+
+// denied are the system calls a judged program has no use for and that
+// widen the kernel surface it can reach: mounts and namespaces (user
+// namespaces above all, the one namespace an unprivileged process can
+// make), kernel modules and kexec, BPF, perf, io_uring, userfaultfd,
+// keyrings, handles to other processes' memory and files, clock and host
+// settings. The program already runs as an unprivileged uid with no
+// capabilities and no_new_privs; this is the second wall, the same kind of
+// list Docker's default profile denies.
+var denied = []uintptr{
+	unix.SYS_MOUNT, unix.SYS_UMOUNT2, unix.SYS_PIVOT_ROOT, unix.SYS_CHROOT,
+	unix.SYS_FSOPEN, unix.SYS_FSCONFIG, unix.SYS_FSMOUNT, unix.SYS_FSPICK,
+	unix.SYS_MOVE_MOUNT, unix.SYS_OPEN_TREE, unix.SYS_MOUNT_SETATTR,
+	unix.SYS_UNSHARE, unix.SYS_SETNS,
+	unix.SYS_SWAPON, unix.SYS_SWAPOFF, unix.SYS_REBOOT,
+	unix.SYS_SETHOSTNAME, unix.SYS_SETDOMAINNAME,
+	unix.SYS_KEXEC_LOAD, unix.SYS_KEXEC_FILE_LOAD,
+	unix.SYS_INIT_MODULE, unix.SYS_FINIT_MODULE, unix.SYS_DELETE_MODULE,
+	unix.SYS_CREATE_MODULE, unix.SYS_GET_KERNEL_SYMS, unix.SYS_QUERY_MODULE,
+	unix.SYS_IOPL, unix.SYS_IOPERM, unix.SYS_MODIFY_LDT,
+	unix.SYS_ACCT, unix.SYS_SETTIMEOFDAY, unix.SYS_CLOCK_SETTIME,
+	unix.SYS_CLOCK_ADJTIME, unix.SYS_ADJTIMEX,
+	unix.SYS_QUOTACTL, unix.SYS_QUOTACTL_FD, unix.SYS_LOOKUP_DCOOKIE,
+	unix.SYS_NFSSERVCTL, unix.SYS_SYSLOG, unix.SYS_USELIB, unix.SYS_USTAT,
+	unix.SYS_SYSFS, unix.SYS__SYSCTL, unix.SYS_VHANGUP,
+	unix.SYS_BPF, unix.SYS_PERF_EVENT_OPEN, unix.SYS_USERFAULTFD,
+	unix.SYS_IO_URING_SETUP, unix.SYS_IO_URING_ENTER, unix.SYS_IO_URING_REGISTER,
+	unix.SYS_KEYCTL, unix.SYS_ADD_KEY, unix.SYS_REQUEST_KEY,
+	unix.SYS_OPEN_BY_HANDLE_AT, unix.SYS_NAME_TO_HANDLE_AT,
+	unix.SYS_KCMP, unix.SYS_PROCESS_VM_READV, unix.SYS_PROCESS_VM_WRITEV,
+	unix.SYS_PIDFD_GETFD,
+	unix.SYS_MBIND, unix.SYS_SET_MEMPOLICY, unix.SYS_MIGRATE_PAGES, unix.SYS_MOVE_PAGES,
+	unix.SYS_FANOTIFY_INIT,
+}
+
+// nsFlags are clone's namespace flags: a clone that asks for any of them is
+// refused like unshare.
+const nsFlags = unix.CLONE_NEWNS | unix.CLONE_NEWUTS | unix.CLONE_NEWIPC |
+	unix.CLONE_NEWUSER | unix.CLONE_NEWPID | unix.CLONE_NEWNET |
+	unix.CLONE_NEWCGROUP | unix.CLONE_NEWTIME
+
+// seccomp_data offsets.
+const (
+	offNr   = 0
+	offArch = 4
+	offArg0 = 16 // low 32 bits on little-endian
+)
+
+// filter returns the program. Another architecture's system calls (i386
+// through int 0x80) kill the process; x32 calls are refused; clone3 answers
+// ENOSYS, so libc falls back to clone, whose flags the filter can read.
+func filter() ([]bpf.RawInstruction, error) {
+	if runtime.GOARCH != "amd64" {
+		return nil, fmt.Errorf("fncall seccomp filter: %s is not supported yet (amd64 only)", runtime.GOARCH)
+	}
+	const (
+		allow  = unix.SECCOMP_RET_ALLOW
+		eperm  = unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM)
+		enosys = unix.SECCOMP_RET_ERRNO | uint32(unix.ENOSYS)
+		kill   = unix.SECCOMP_RET_KILL_PROCESS
+	)
+	p := []bpf.Instruction{
+		bpf.LoadAbsolute{Off: offArch, Size: 4},
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.AUDIT_ARCH_X86_64, SkipTrue: 1},
+		bpf.RetConstant{Val: kill},
+		bpf.LoadAbsolute{Off: offNr, Size: 4},
+		bpf.JumpIf{Cond: bpf.JumpGreaterOrEqual, Val: 0x40000000, SkipFalse: 1}, // x32
+		bpf.RetConstant{Val: eperm},
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.SYS_CLONE3, SkipFalse: 1},
+		bpf.RetConstant{Val: enosys},
+	}
+	for _, nr := range denied {
+		p = append(p,
+			bpf.JumpIf{Cond: bpf.JumpEqual, Val: uint32(nr), SkipFalse: 1},
+			bpf.RetConstant{Val: eperm})
+	}
+	p = append(p,
+		bpf.JumpIf{Cond: bpf.JumpEqual, Val: unix.SYS_CLONE, SkipTrue: 1},
+		bpf.RetConstant{Val: allow},
+		bpf.LoadAbsolute{Off: offArg0, Size: 4},
+		bpf.JumpIf{Cond: bpf.JumpBitsSet, Val: nsFlags, SkipFalse: 1},
+		bpf.RetConstant{Val: eperm},
+		bpf.RetConstant{Val: allow},
+	)
+	return bpf.Assemble(p)
+}
+
+// installSeccomp sets no_new_privs and loads the filter on every thread of
+// this process (Go has several), so that whichever thread forks a run, the
+// run inherits it.
+func installSeccomp() error {
+	raw, err := filter()
+	if err != nil {
+		return err
+	}
+	prog := make([]unix.SockFilter, len(raw))
+	for i, ins := range raw {
+		prog[i] = unix.SockFilter{Code: ins.Op, Jt: ins.Jt, Jf: ins.Jf, K: ins.K}
+	}
+	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("no_new_privs: %w", err)
+	}
+	_, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER,
+		unix.SECCOMP_FILTER_FLAG_TSYNC, uintptr(unsafe.Pointer(&fprog)))
+	runtime.KeepAlive(prog)
+	if errno != 0 {
+		return fmt.Errorf("seccomp: %w", errno)
+	}
+	return nil
+}

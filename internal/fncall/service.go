@@ -1,0 +1,346 @@
+package fncall
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/backend"
+	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/fncall/proto"
+)
+
+// Runner is what the node API and the apiserver need from FnCall: run one
+// call, and list the runtimes with their pools. *Service implements it.
+type Runner interface {
+	// Run runs one call to completion. Errors (never a program's fault):
+	// errdefs.ErrInvalid for a bad request (400), ErrNotFound with code
+	// api.CodeRuntimeNotFound (404), ErrUnavailable with
+	// api.CodeRuntimeUnavailable (503), ErrExhausted with
+	// api.CodeFnOverloaded and a Retry-After (429). A platform fault after
+	// the call started is not an error: the result's cases say
+	// SandboxError.
+	Run(ctx context.Context, req api.FnRunRequest) (api.FnResult, error)
+	// Runtimes lists the declared runtimes with their pools' state.
+	Runtimes(ctx context.Context) []api.FnRuntime
+}
+
+var _ Runner = (*Service)(nil)
+
+// Runtime declares one runtime: an environment, where a call's source goes,
+// how to compile it (optional) and run it, and its pool.
+type Runtime struct {
+	Name string `json:"name"`
+	// Env is the environment (name@version) the containers are made of.
+	Env    string `json:"env"`
+	Source string `json:"source"` // e.g. "main.py", written under /box
+	// Compile runs once before the cases, in /box, if set.
+	Compile       []string     `json:"compile,omitempty"`
+	CompileLimits api.FnLimits `json:"compile_limits,omitempty"`
+	Run           []string     `json:"run"`
+	// CPUs is the CPU bandwidth of each container (default 1).
+	CPUs float64    `json:"cpus,omitempty"`
+	Pool PoolConfig `json:"pool,omitempty"`
+}
+
+// DefaultRuntimes are the runtimes a node declares unless configured
+// otherwise. Their environments are built by scripts/build-runtime-images
+// (debian-python, debian-gcc) or always present (busybox).
+var DefaultRuntimes = []Runtime{
+	{Name: "python3", Env: "debian-python@12", Source: "main.py", Run: []string{"python3", "-I", "main.py"}},
+	{Name: "c", Env: "debian-gcc@12", Source: "main.c",
+		Compile: []string{"gcc", "-O2", "-std=gnu17", "-o", "main", "main.c", "-lm"}, Run: []string{"./main"}},
+	{Name: "cpp", Env: "debian-gcc@12", Source: "main.cpp",
+		Compile: []string{"g++", "-O2", "-std=gnu++17", "-o", "main", "main.cpp"}, Run: []string{"./main"}},
+	{Name: "sh", Env: "busybox@1", Source: "main.sh", Run: []string{"sh", "main.sh"}},
+}
+
+// Config configures a Service.
+type Config struct {
+	Runtimes []Runtime
+	Images   Images
+	Layers   Layers
+	Mounts   Mounts
+	// StateDir holds the scratch directory fninit mounts over.
+	StateDir string
+	// CgroupParent is the cgroup path, under each v1 hierarchy, the
+	// containers' cgroups are made in, e.g. "/warren/n1a2b/fn".
+	CgroupParent string
+	// Init is warren-fninit's path (default: next to this executable,
+	// then $PATH).
+	Init string
+	// UID and GID run the programs (default 65534, nobody).
+	UID, GID int
+	// ScratchBytes caps what a container may write, all files together
+	// (default 256 MiB). Writes are in memory charged to the container.
+	ScratchBytes int64
+	Defaults     api.FnLimits // default DefaultLimits
+	Max          api.FnLimits // default MaxLimits
+	// MaxRequestBytes caps the files and inputs of one call (default 64 MiB).
+	MaxRequestBytes int64
+	Log             *slog.Logger
+}
+
+// Images resolves an environment; Layers brings a layer to this host; Mounts
+// mounts it read-only, refcounted (image.Registry, image.Cache and
+// image.Mounts).
+type (
+	Images interface {
+		Get(ctx context.Context, name string) (api.Image, error)
+	}
+	Layers interface {
+		Fetch(ctx context.Context, digest string) (backend.Layer, error)
+	}
+	Mounts interface {
+		Acquire(ctx context.Context, layer backend.Layer) (string, error)
+		Release(digest string) error
+	}
+)
+
+// Service is a node's FnCall: one pool per runtime.
+type Service struct {
+	cfg      Config
+	runtimes map[string]*runtimeState
+	order    []string
+	ctx      context.Context
+	cancel   context.CancelFunc
+}
+
+// runtimeState is a runtime and its pool; the environment is resolved and
+// its layers mounted on first use, and again after a failure (the
+// environment may be published later).
+type runtimeState struct {
+	Runtime
+	pool *pool
+
+	mu       sync.Mutex
+	spec     *boxSpec
+	image    api.Image
+	digests  []string
+	err      error
+	tried    time.Time
+}
+
+// New checks the host and returns a Service; Start starts its pools.
+func New(cfg Config) (*Service, error) {
+	if cfg.Runtimes == nil {
+		cfg.Runtimes = DefaultRuntimes
+	}
+	if cfg.UID == 0 && cfg.GID == 0 {
+		cfg.UID, cfg.GID = 65534, 65534
+	}
+	if cfg.ScratchBytes == 0 {
+		cfg.ScratchBytes = 256 << 20
+	}
+	if cfg.Defaults == (api.FnLimits{}) {
+		cfg.Defaults = DefaultLimits
+	}
+	if cfg.Max == (api.FnLimits{}) {
+		cfg.Max = MaxLimits
+	}
+	if cfg.MaxRequestBytes == 0 {
+		cfg.MaxRequestBytes = 64 << 20
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.Init == "" {
+		cfg.Init = findInit()
+	}
+	if cfg.StateDir == "" || cfg.CgroupParent == "" || cfg.Images == nil || cfg.Layers == nil || cfg.Mounts == nil {
+		return nil, errdefs.Invalid("fncall: state dir, cgroup parent, images, layers and mounts are required")
+	}
+	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "scratch"), 0o700); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Service{cfg: cfg, runtimes: map[string]*runtimeState{}, ctx: ctx, cancel: cancel}
+	for _, rt := range cfg.Runtimes {
+		if rt.Name == "" || rt.Env == "" || rt.Source == "" || len(rt.Run) == 0 {
+			cancel()
+			return nil, errdefs.Invalid("fncall runtime %q: name, env, source and run are required", rt.Name)
+		}
+		if _, dup := s.runtimes[rt.Name]; dup {
+			cancel()
+			return nil, errdefs.Invalid("fncall runtime %q declared twice", rt.Name)
+		}
+		st := &runtimeState{Runtime: rt}
+		st.pool = newPool(rt.Pool, func() (boxSpec, error) { return s.boxSpec(st) }, cfg.Log.Warn)
+		s.runtimes[rt.Name] = st
+		s.order = append(s.order, rt.Name)
+	}
+	return s, nil
+}
+
+// findInit looks for warren-fninit beside this executable, then in $PATH.
+func findInit() string {
+	if exe, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(exe), "warren-fninit")
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	if p, err := exec.LookPath("warren-fninit"); err == nil {
+		return p
+	}
+	return "warren-fninit"
+}
+
+// Available reports whether this host can run FnCall at all.
+func (s *Service) Available() error {
+	if err := checkCgroups(); err != nil {
+		return err
+	}
+	if _, err := os.Stat(s.cfg.Init); err != nil {
+		return errdefs.Unavailable("fncall: %s not found (build it: go build -o bin/warren-fninit ./cmd/warren-fninit)", s.cfg.Init)
+	}
+	return nil
+}
+
+// Start starts the pools' makers; runtimes with a minimum pool resolve their
+// environment now.
+func (s *Service) Start() {
+	for _, name := range s.order {
+		st := s.runtimes[name]
+		st.pool.start(s.ctx)
+		if st.pool.cfg.Min > 0 {
+			st.pool.wake()
+		}
+	}
+}
+
+// Close destroys every ready container and releases the layers.
+func (s *Service) Close() {
+	s.cancel()
+	for _, name := range s.order {
+		st := s.runtimes[name]
+		st.pool.close()
+		st.mu.Lock()
+		for _, d := range st.digests {
+			_ = s.cfg.Mounts.Release(d)
+		}
+		st.digests, st.spec = nil, nil
+		st.mu.Unlock()
+	}
+}
+
+// LayerDigests are the layers the runtimes hold mounted, for the garbage
+// collector's keep set.
+func (s *Service) LayerDigests() []string {
+	var out []string
+	for _, name := range s.order {
+		st := s.runtimes[name]
+		st.mu.Lock()
+		out = append(out, st.digests...)
+		st.mu.Unlock()
+	}
+	return out
+}
+
+// retryResolve is how soon a runtime whose environment was missing is
+// tried again.
+const retryResolve = 5 * time.Second
+
+// boxSpec resolves the runtime's environment and mounts its layers, once.
+func (s *Service) boxSpec(st *runtimeState) (boxSpec, error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.spec != nil {
+		return *st.spec, nil
+	}
+	if st.err != nil && time.Since(st.tried) < retryResolve {
+		return boxSpec{}, st.err
+	}
+	st.tried = time.Now()
+	spec, img, digests, err := s.resolve(s.ctx, st.Runtime)
+	st.err = err
+	if err != nil {
+		return boxSpec{}, err
+	}
+	st.spec, st.image, st.digests = &spec, img, digests
+	return spec, nil
+}
+
+func (s *Service) resolve(ctx context.Context, rt Runtime) (boxSpec, api.Image, []string, error) {
+	img, err := s.cfg.Images.Get(ctx, rt.Env)
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			err = errdefs.New(errdefs.ErrUnavailable, api.CodeRuntimeUnavailable,
+				"runtime %s: environment %s is not published (scripts/build-runtime-images --register)", rt.Name, rt.Env)
+		}
+		return boxSpec{}, img, nil, err
+	}
+	var lower, digests []string
+	release := func() {
+		for _, d := range digests {
+			_ = s.cfg.Mounts.Release(d)
+		}
+	}
+	for _, d := range img.Layers {
+		l, err := s.cfg.Layers.Fetch(ctx, d)
+		if err != nil {
+			release()
+			return boxSpec{}, img, nil, fmt.Errorf("runtime %s: layer %s: %w", rt.Name, d, err)
+		}
+		dir, err := s.cfg.Mounts.Acquire(ctx, l)
+		if err != nil {
+			release()
+			return boxSpec{}, img, nil, fmt.Errorf("runtime %s: mount %s: %w", rt.Name, d, err)
+		}
+		digests = append(digests, d)
+		lower = append([]string{dir}, lower...) // overlayfs wants the top first
+	}
+	cpus := rt.CPUs
+	if cpus == 0 {
+		cpus = 1
+	}
+	return boxSpec{
+		init:         s.cfg.Init,
+		cgroupParent: s.cfg.CgroupParent,
+		cpus:         cpus,
+		idleMemory:   64 << 20,
+		setup: proto.Setup{
+			Lower: lower, Scratch: filepath.Join(s.cfg.StateDir, "scratch"), ScratchBytes: s.cfg.ScratchBytes,
+			Hostname: "fn", Workdir: workdir, UID: s.cfg.UID, GID: s.cfg.GID,
+		},
+	}, img, digests, nil
+}
+
+// workdir is where a call's files go and its programs run.
+const workdir = "/box"
+
+// Runtimes lists the runtimes with their pools.
+func (s *Service) Runtimes(ctx context.Context) []api.FnRuntime {
+	out := make([]api.FnRuntime, 0, len(s.order))
+	for _, name := range s.order {
+		st := s.runtimes[name]
+		ready, busy := st.pool.stats()
+		st.mu.Lock()
+		avail, reason := st.spec != nil, ""
+		if st.err != nil && !avail {
+			reason = st.err.Error()
+		}
+		st.mu.Unlock()
+		if !avail && reason == "" {
+			if _, err := s.boxSpec(st); err != nil {
+				reason = err.Error()
+			} else {
+				avail = true
+			}
+		}
+		out = append(out, api.FnRuntime{
+			Name: name, Env: st.Env, Source: st.Source, Compile: st.Compile, Run: slices.Clone(st.Run),
+			Available: avail, Reason: reason, Ready: ready, Busy: busy,
+			PoolMin: st.pool.cfg.Min, PoolMax: st.pool.cfg.Max,
+		})
+	}
+	return out
+}
