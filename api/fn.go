@@ -134,8 +134,8 @@ type FnBatchItem struct {
 // the fleet).
 type FnRuntime struct {
 	Name      string   `json:"name"`
-	Env       string   `json:"env"`         // environment name@version
-	Source    string   `json:"source"`      // file Source is written to
+	Env       string   `json:"env"`    // environment name@version
+	Source    string   `json:"source"` // file Source is written to
 	Compile   []string `json:"compile,omitempty"`
 	Run       []string `json:"run"`
 	Available bool     `json:"available"`

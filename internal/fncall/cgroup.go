@@ -109,11 +109,11 @@ func (cg *cgroup) setMemory(limit int64) error {
 
 // counters are read before and after a run.
 type counters struct {
-	cpuNs   int64 // cpuacct.usage
-	memory  int64 // usage_in_bytes
-	peak    int64 // max_usage_in_bytes
-	failcnt int64
-	oomKill int64
+	cpuNs     int64 // cpuacct.usage
+	memory    int64 // usage_in_bytes
+	peak      int64 // max_usage_in_bytes
+	failcnt   int64
+	oomKill   int64
 	forkFails int64 // pids.events "max": forks refused at pids.max
 }
 

@@ -50,21 +50,38 @@ func (m layerMap) Fetch(_ context.Context, digest string) (backend.Layer, error)
 }
 
 // newService returns a started Service with the sh runtime on a busybox
-// layer, and whatever runtimes extra adds (given the same images and
-// layers to fill).
-func newService(t *testing.T, pool PoolConfig, extra ...Runtime) *Service {
+// layer.
+func newService(t testing.TB, pool PoolConfig) *Service {
+	t.Helper()
+	requireFn(t)
+	l := imagetest.BusyboxLayer(t)
+	rt := Runtime{Name: "sh", Env: "busybox@1", Source: "main.sh", Run: []string{"sh", "main.sh"}, Pool: pool}
+	return startService(t, map[string]backend.Layer{"busybox@1": l}, rt)
+}
+
+func newServiceB(b *testing.B) *Service {
+	return newService(b, PoolConfig{Min: 8, Max: 32})
+}
+
+func requireFn(t testing.TB) {
 	t.Helper()
 	testutil.RequireRoot(t)
 	if err := checkCgroups(); err != nil {
 		testutil.Unavailable(t, "%v", err)
 	}
-	l := imagetest.BusyboxLayer(t)
-	images := imagetest.Images{"busybox@1": {Name: "busybox@1", Layers: []string{l.Digest}}}
-	layers := layerMap{l.Digest: l}
-	rts := append([]Runtime{{Name: "sh", Env: "busybox@1", Source: "main.sh", Run: []string{"sh", "main.sh"}, Pool: pool}}, extra...)
+}
+
+// startService starts a Service over envs (one layer each) with runtimes.
+func startService(t testing.TB, envs map[string]backend.Layer, runtimes ...Runtime) *Service {
+	t.Helper()
+	images, layers := imagetest.Images{}, layerMap{}
+	for name, l := range envs {
+		images[name] = api.Image{Name: name, Layers: []string{l.Digest}}
+		layers[l.Digest] = l
+	}
 	mounts := image.NewMounts(filepath.Join(t.TempDir(), "layers"))
 	s, err := New(Config{
-		Runtimes:     rts,
+		Runtimes:     runtimes,
 		Images:       images,
 		Layers:       layers,
 		Mounts:       mounts,
@@ -125,8 +142,8 @@ func TestCasesAndCompare(t *testing.T) {
 	want := func(s string) *string { return &s }
 	req := sh("read a b; echo $((a+b))")
 	req.Cases = []api.FnCase{
-		{Stdin: "1 2\n", Expected: want("3")},        // trailing newline ignored by "lines"
-		{Stdin: "2 2\n", Expected: want("5\n")},      // wrong
+		{Stdin: "1 2\n", Expected: want("3")},         // trailing newline ignored by "lines"
+		{Stdin: "2 2\n", Expected: want("5\n")},       // wrong
 		{Stdin: "5 5\n", Expected: want("10   \n\n")}, // trailing blanks ignored
 	}
 	res := run(t, s, req)
@@ -244,8 +261,10 @@ touch /tmp/mark /box/mark
 unshare -U true 2>/dev/null && echo userns=yes || echo userns=no
 mount -t tmpfs x /tmp 2>/dev/null && echo mount=yes || echo mount=no
 ls /sys 2>/dev/null | head -1
+grep -E '^(CapBnd|CapEff|NoNewPrivs|Seccomp):' /proc/self/status | tr -s '\t ' ' '
 `)))
-	for _, want := range []string{"uid=65534 host=fn pwd=/box", "ifaces=lo,", "devs=fd,full,null,random,shm,stderr,stdin,stdout,urandom,zero,", "userns=no", "mount=no"} {
+	for _, want := range []string{"uid=65534 host=fn pwd=/box", "ifaces=lo,", "devs=fd,full,null,random,shm,stderr,stdin,stdout,urandom,zero,", "userns=no", "mount=no",
+		"CapBnd: 0000000000000000", "CapEff: 0000000000000000", "NoNewPrivs: 1", "Seccomp: 2"} {
 		if !strings.Contains(c.Stdout, want+"\n") {
 			t.Errorf("want %q in:\n%s", want, c.Stdout)
 		}
@@ -333,5 +352,62 @@ func TestBadRequests(t *testing.T) {
 		if !errors.Is(err, errdefs.ErrInvalid) && !errors.Is(err, errdefs.ErrNotFound) {
 			t.Errorf("%+v: want a 400/404 error, got %v", req, err)
 		}
+	}
+}
+
+// BenchmarkRun measures one call end to end through the service (no HTTP),
+// the pool refilling in the background.
+func BenchmarkRun(b *testing.B) {
+	s := newServiceB(b)
+	req := sh("echo 1")
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			res, err := s.Run(context.Background(), req)
+			if err != nil || res.Status != api.FnOK {
+				b.Errorf("%v %+v", err, res)
+			}
+		}
+	})
+}
+
+// TestDebianRuntimes runs the default python3, c and cpp runtimes on the
+// real Debian images (scripts/build-runtime-images).
+func TestDebianRuntimes(t *testing.T) {
+	requireFn(t)
+	py, gcc := imagetest.DebianLayer(t, "python"), imagetest.DebianLayer(t, "gcc")
+	var rts []Runtime
+	for _, rt := range DefaultRuntimes {
+		if rt.Name != "sh" {
+			rt.Env = map[string]string{"python3": "python", "c": "gcc", "cpp": "gcc"}[rt.Name]
+			rts = append(rts, rt)
+		}
+	}
+	s := startService(t, map[string]backend.Layer{"python": py, "gcc": gcc}, rts...)
+	want := func(s string) *string { return &s }
+
+	res := run(t, s, api.FnRunRequest{Runtime: "python3", Source: "import sys\nprint(sum(map(int, sys.stdin.read().split())))\n",
+		Cases: []api.FnCase{{Stdin: "1 2 3", Expected: want("6")}, {Stdin: "10 20", Expected: want("31")}}})
+	if res.Status != api.FnWrongAnswer || res.Cases[0].Status != api.FnOK || res.Cases[1].Status != api.FnWrongAnswer {
+		t.Fatalf("python3: %+v", res)
+	}
+	res = run(t, s, api.FnRunRequest{Runtime: "python3", Source: "x = ' ' * (512 << 20)\n",
+		Limits: api.FnLimits{Memory: 64 << 20}})
+	if res.Status != api.FnMemoryLimit {
+		t.Fatalf("python3 balloon: %+v", res)
+	}
+
+	res = run(t, s, api.FnRunRequest{Runtime: "cpp", Source: "#include <iostream>\nint main(){long a,b;std::cin>>a>>b;std::cout<<a*b<<\"\\n\";}\n",
+		Cases: []api.FnCase{{Stdin: "6 7", Expected: want("42")}, {Stdin: "3 3", Expected: want("9")}}})
+	if res.Status != api.FnOK || res.Compile == nil || res.Compile.Status != api.FnOK {
+		t.Fatalf("cpp: %+v", res)
+	}
+	res = run(t, s, api.FnRunRequest{Runtime: "c", Source: "int main() { return oops; }\n"})
+	if res.Status != api.FnCompileError || !strings.Contains(res.Compile.Stderr, "oops") || res.Cases[0].Status != api.FnSkipped {
+		t.Fatalf("c compile error: %+v", res)
+	}
+	res = run(t, s, api.FnRunRequest{Runtime: "c", Source: "int main() { int *p = 0; return *p; }\n"})
+	if res.Status != api.FnSignal || res.Cases[0].Signal != "SIGSEGV" {
+		t.Fatalf("c segfault: %+v", res)
 	}
 }

@@ -121,12 +121,12 @@ type runtimeState struct {
 	Runtime
 	pool *pool
 
-	mu       sync.Mutex
-	spec     *boxSpec
-	image    api.Image
-	digests  []string
-	err      error
-	tried    time.Time
+	mu      sync.Mutex
+	spec    *boxSpec
+	image   api.Image
+	digests []string
+	err     error
+	tried   time.Time
 }
 
 // New checks the host and returns a Service; Start starts its pools.

@@ -25,6 +25,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 
@@ -39,6 +40,10 @@ func Main() int {
 		fmt.Fprintln(os.Stderr, "warren-fninit: must run as pid 1 of a new pid namespace (the node agent starts it)")
 		return 2
 	}
+	// Every run is forked from this goroutine's thread, which alone
+	// carries the emptied capability bounding set (per thread, and
+	// dropping it on all of Go's threads costs milliseconds).
+	runtime.LockOSThread()
 	sock := os.NewFile(proto.Fd, "fninit-socket")
 	syscall.CloseOnExec(proto.Fd)
 	in := &init1{enc: json.NewEncoder(sock), msgs: make(chan proto.Message, 4)}
@@ -132,16 +137,17 @@ func setup(s *proto.Setup) error {
 	return installSeccomp()
 }
 
-// dropBounding empties the capability bounding set on every thread, so
-// nothing a run executes can ever gain a capability.
+// dropBounding empties the capability bounding set of the calling thread,
+// the one every run is forked from, so nothing a run executes can ever gain
+// a capability.
 func dropBounding() error {
 	last := 40 // CAP_CHECKPOINT_RESTORE; read the kernel's if it says
 	if b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap"); err == nil {
 		fmt.Sscan(strings.TrimSpace(string(b)), &last)
 	}
 	for c := 0; c <= last; c++ {
-		if _, _, errno := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, uintptr(c), 0); errno != 0 && errno != unix.EINVAL {
-			return fmt.Errorf("drop capability %d: %w", c, errno)
+		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && err != unix.EINVAL {
+			return fmt.Errorf("drop capability %d: %w", c, err)
 		}
 	}
 	return nil
