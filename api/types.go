@@ -333,6 +333,9 @@ type Node struct {
 	Healthy   bool              `json:"healthy"`
 	Problems  []string          `json:"problems,omitempty"` // e.g. a backend unavailable here, and why
 	UpdatedAt time.Time         `json:"updated_at"`
+	// FnRuntimes are the FnCall runtimes the node declares, with their
+	// pools' state; apiservers route FnCalls by them.
+	FnRuntimes []FnRuntime `json:"fn_runtimes,omitempty"`
 }
 
 // Capacity counts a node's resources.

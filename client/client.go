@@ -80,8 +80,8 @@ func WithHTTPClient(hc *http.Client) Option { return func(c *Client) { c.hc = hc
 // WithUserAgent sets the User-Agent header.
 func WithUserAgent(ua string) Option { return func(c *Client) { c.userAgent = ua } }
 
-// WithCreateRetry sets how CreateSandbox retries 429 and 503 refusals.
-// WithCreateRetry(RetryPolicy{}) turns retry off.
+// WithCreateRetry sets how CreateSandbox retries 429 and 503 refusals,
+// and RunFn 429 ones. WithCreateRetry(RetryPolicy{}) turns retry off.
 func WithCreateRetry(p RetryPolicy) Option { return func(c *Client) { c.retry = p } }
 
 // New returns a client for the API at addr ("http://host:port",

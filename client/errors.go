@@ -84,6 +84,10 @@ var codeStatus = map[string]int{
 	api.CodeIdempotencyLost:     http.StatusConflict,
 	api.CodeQuotaExceeded:       http.StatusTooManyRequests,
 	api.CodeRateLimited:         http.StatusTooManyRequests,
+
+	api.CodeRuntimeNotFound:    http.StatusNotFound,
+	api.CodeRuntimeUnavailable: http.StatusServiceUnavailable,
+	api.CodeFnOverloaded:       http.StatusTooManyRequests,
 }
 
 var statusSentinel = map[int]error{

@@ -140,7 +140,45 @@ func (a *app) demo(ctx context.Context, c *client.Client, image string) error {
 	for _, s := range list {
 		fmt.Fprintf(a.stdout, "%s  %s  %s  %s\n", s.ID, s.Image, s.State, strings.TrimSpace(fmt.Sprint(s.Labels)))
 	}
-	return nil
+	return a.demoFn(ctx, c, check, step)
+}
+
+// demoFn judges a small program with FnCall: three cases, one of them
+// wrong, each in the same fresh container thrown away afterwards; then a
+// program that never stops, ended by its CPU time limit.
+func (a *app) demoFn(ctx context.Context, c *client.Client, check func(bool, string, ...any) error, step func(string, ...any)) error {
+	step("warren fn run --runtime sh sum.sh --case 1 2:3 --case 2 2:5 --case 20 22:42")
+	want := func(s string) *string { return &s }
+	res, err := c.RunFn(ctx, api.FnRunRequest{
+		Runtime: "sh",
+		Source:  "read a b; echo $((a + b))\n",
+		Cases: []api.FnCase{
+			{Stdin: "1 2\n", Expected: want("3")},
+			{Stdin: "2 2\n", Expected: want("5")},
+			{Stdin: "20 22\n", Expected: want("42")},
+		},
+	})
+	if err != nil {
+		return err
+	}
+	for i, cs := range res.Cases {
+		fmt.Fprintf(a.stdout, "case %d  %-12s cpu %dms  wall %dms  stdout %q\n", i+1, cs.Status, cs.CPUMs, cs.WallMs, cs.Stdout)
+	}
+	fmt.Fprintf(a.stdout, "%s (in %dms)\n", res.Status, res.WallMs)
+	if err := check(len(res.Cases) == 3 && res.Cases[0].Status == api.FnOK && res.Cases[1].Status == api.FnWrongAnswer &&
+		res.Cases[2].Status == api.FnOK, "fn cases: %+v", res.Cases); err != nil {
+		return err
+	}
+
+	step("warren fn run --runtime sh spin.sh --cpu-time 500ms")
+	res, err = c.RunFn(ctx, api.FnRunRequest{Runtime: "sh", Source: "while :; do :; done\n",
+		Limits: api.FnLimits{CPUTime: api.Duration(500 * time.Millisecond), WallTime: api.Duration(10 * time.Second)}})
+	if err != nil {
+		return err
+	}
+	cs := res.Cases[0]
+	fmt.Fprintf(a.stdout, "%s: %s (cpu %dms, wall %dms)\n", cs.Status, cs.Message, cs.CPUMs, cs.WallMs)
+	return check(cs.Status == api.FnTimeLimit, "spin: %+v", cs)
 }
 
 // waitHealthy polls the server until it answers, so the demo can start

@@ -40,10 +40,15 @@ func newAPIServerCmd(a *app) *cobra.Command {
 any load balancer, all with the same --etcd. Nodes join with "warren agent".
 
 The first apiserver of a fresh cluster creates the admin token and writes it to
-<data-dir>/admin-token, and writes the cluster's node token (created in etcd, the
-same for every replica) to <data-dir>/node-token: give it to agents as --token.
-Every apiserver and agent must reach the same blob store (--blobs: a directory
-on a filesystem they share).`,
+<data-dir>/admin-token, and mints a node token that it writes to
+<data-dir>/node-token: give it to agents as --token, or mint one per node with
+"warren token create --role node" (revoke any with "warren token revoke"). Each
+agent registers a secret of its own, which apiservers present when they call it.
+
+Every apiserver and agent must reach the same blob store (--blobs): a directory
+on a filesystem they share, or an S3 bucket, s3://bucket/prefix?endpoint=host:port
+(https; http://host:port for plain HTTP; no endpoint: AWS S3), with &region=R if
+needed and the credentials in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if len(cfg.Etcd) == 0 {
@@ -60,8 +65,7 @@ on a filesystem they share).`,
 	f.StringSliceVar(&cfg.Etcd, "etcd", nil, "etcd endpoints, comma-separated (http://10.0.0.1:2379,...)")
 	f.StringVar(&cfg.Listen, "listen", ":7443", "API listen address")
 	f.StringVar(&cfg.DataDir, "data-dir", dataDirDefault(), "directory for local state (env "+envDataDir+")")
-	f.StringVar(&cfg.Blobs, "blobs", "", "blob store directory shared by every apiserver and agent (default <data-dir>/blobs)")
-	f.StringVar(&cfg.NodeToken, "node-token", a.getenv(envNodeToken), "node token presented to agents (env "+envNodeToken+"; default: the cluster's, kept in etcd)")
+	f.StringVar(&cfg.Blobs, "blobs", "", "blob store shared by every apiserver and agent: a directory or s3://bucket/prefix?endpoint=host:port (default <data-dir>/blobs)")
 	f.IntVar(&cfg.Placement.K, "k", 0, "nodes sampled per placement (power-of-k; 0: 2)")
 	f.StringVar(&strategy, "placement", string(placement.PowerOfK), "placement strategy: power-of-k, oracle or random")
 	f.DurationVar(&cfg.Fleet.PollInterval, "poll-interval", 0, "how often each node's status is polled (0: 1s)")
@@ -81,8 +85,14 @@ func newAgentCmd(a *app) *cobra.Command {
 		Long: `Run a node agent: it owns the sandboxes of this host, serves the node API on
 --listen and registers itself, through etcd (--etcd) or through an apiserver
 (--apiserver), with its address, pool, labels, backends and capacity. --token is
-the node token (an apiserver's <data-dir>/node-token). Several agents can share a
-host if their --data-dir differ.`,
+a node token: one from "warren token create --role node", or the first
+apiserver's <data-dir>/node-token. It is checked at every registration, so a
+revoked token ends the agent. The node API takes only a secret the agent draws
+at every start and registers with the node. Several agents can share a host if
+their --data-dir differ.
+
+--blobs is the blob store the apiservers use: a directory they all mount, or
+s3://bucket/prefix?endpoint=host:port (see "warren apiserver --help").`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if (len(cfg.Etcd) == 0) == (len(cfg.APIServers) == 0) {
@@ -113,11 +123,11 @@ host if their --data-dir differ.`,
 	f.StringVar(&cfg.Listen, "listen", ":7444", "node API listen address")
 	f.StringVar(&cfg.Advertise, "advertise", "", "address apiservers dial (default: --listen, its host resolved)")
 	// Shadows the client verbs' --token: here it is the node token.
-	f.StringVar(&cfg.Token, "token", a.getenv(envNodeToken), "node token (env "+envNodeToken+")")
+	f.StringVar(&cfg.Token, "token", a.getenv(envNodeToken), "node token: an IAM token of role node (env "+envNodeToken+")")
 	f.StringVar(&cfg.DataDir, "data-dir", filepath.Join(dataDirDefault(), "agent"), "directory for the node's state")
 	f.StringVar(&cfg.Pool, "pool", "onprem", "node pool: onprem or cloud")
 	f.StringArrayVar(&labels, "label", nil, "node label key=value (repeatable)")
-	f.StringVar(&cfg.Blobs, "blobs", "", "blob store directory shared with the apiservers (default <data-dir>/blobs)")
+	f.StringVar(&cfg.Blobs, "blobs", "", "blob store shared with the apiservers: a directory or s3://bucket/prefix?endpoint=host:port (default <data-dir>/blobs)")
 	f.IntVar(&cfg.Limits.Sandboxes, "max-sandboxes", 0, "sandboxes this node admits (0: 1000)")
 	f.StringVar(&cfg.Backend, "backend", "container", "sandbox backend: container, or fake (a simulated node)")
 	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")

@@ -124,6 +124,7 @@ func newRootCmd(a *app) *cobra.Command {
 	root.AddCommand(newUpCmd(), newAPIServerCmd(a), newAgentCmd(a), newDemoCmd(a), sandbox, newExecCmd(a), newCpCmd(a), image, node)
 	root.AddCommand(layerCommands(a)...)
 	root.AddCommand(projectCommands(a)...)
+	root.AddCommand(newFnCmd(a))
 	return root
 }
 

@@ -19,9 +19,14 @@ func newUpCmd() *cobra.Command {
 		Use:   "up",
 		Short: "Run a single-node warren: apiserver, node agent, embedded etcd and blob store in one process",
 		Long: `Run a single-node warren: apiserver, node agent, an embedded etcd member and a
-directory blob store in one process, with all state under --data-dir. The admin
-token is written to <data-dir>/admin-token. Sandboxes outlive this process: a
-later "warren up" on the same data dir re-adopts them.`,
+blob store in one process, with all state under --data-dir. The admin token is
+written to <data-dir>/admin-token. Sandboxes outlive this process: a later
+"warren up" on the same data dir re-adopts them.
+
+The blob store is <data-dir>/blobs unless --blobs names another directory, or an
+S3 bucket: s3://bucket/prefix?endpoint=host:port (https; http://host:port for
+plain HTTP; no endpoint: AWS S3), with &region=R if needed and the credentials in
+AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			level := slog.LevelInfo
@@ -37,6 +42,7 @@ later "warren up" on the same data dir re-adopts them.`,
 	f := cmd.Flags()
 	f.StringVar(&cfg.DataDir, "data-dir", dataDirDefault(), "directory for all state (env "+envDataDir+")")
 	f.StringVar(&cfg.Listen, "listen", daemon.DefaultListen, "API listen address")
+	f.StringVar(&cfg.Blobs, "blobs", "", "blob store: a directory or s3://bucket/prefix?endpoint=host:port (default <data-dir>/blobs)")
 	f.IntVar(&cfg.Limits.Sandboxes, "max-sandboxes", 0, "sandboxes this node admits (0: 1000)")
 	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	return cmd

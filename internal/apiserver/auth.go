@@ -93,6 +93,9 @@ var routeRules = map[string]rule{
 	"POST /v1/gc":                       {action: iam.ActionLayerWrite, root: true},
 	"POST /v1/images:import":            {action: iam.ActionEnvironmentWrite},
 	"GET /v1/environments/{ref}/export": {action: iam.ActionRead},
+	"POST /v1/fn/run":                   {action: iam.ActionSandboxExec},
+	"POST /v1/fn/batch":                 {action: iam.ActionSandboxExec},
+	"GET /v1/fn/runtimes":               {action: iam.ActionRead},
 	// iam authorizes these against the project or token they name.
 	"POST /v1/projects":             {},
 	"GET /v1/projects":              {},

@@ -4,8 +4,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -13,6 +15,8 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/iam"
+	"github.com/warrenhq/warren/internal/node"
+	"github.com/warrenhq/warren/internal/node/nodeapi"
 )
 
 // batchParallel bounds how many members of one gang are created at once.
@@ -120,6 +124,7 @@ func (s *Server) createBatch(w http.ResponseWriter, r *http.Request) error {
 
 	out := api.BatchCreateResponse{Gang: gang, Sandboxes: []api.Sandbox{}}
 	var first error
+	unsure := false // a failed member may exist all the same
 	for i, err := range errs {
 		if err == nil {
 			out.Sandboxes = append(out.Sandboxes, sbs[i])
@@ -128,30 +133,85 @@ func (s *Server) createBatch(w http.ResponseWriter, r *http.Request) error {
 		if first == nil || first == errGangAborted {
 			first = err
 		}
+		unsure = unsure || mayHaveCreated(err)
 		_, e := apiError(err)
 		out.Errors = append(out.Errors, api.BatchItemError{Index: i, Error: e})
 	}
+	bg := context.WithoutCancel(ctx)
 	switch {
-	case first == nil:
+	case first == nil && ctx.Err() == nil:
 		return writeJSON(w, http.StatusCreated, out)
-	case req.AllOrNone || len(out.Sandboxes) == 0:
-		// None or nothing: undo what was created, answer the failure.
-		bg := context.WithoutCancel(ctx)
-		var undo sync.WaitGroup
-		for _, sb := range out.Sandboxes {
-			undo.Add(1)
-			sem <- struct{}{}
-			go func() {
-				defer func() { <-sem; undo.Done() }()
-				s.undoCreate(bg, sb.ID)
-				s.deleted(sb.ID)
-			}()
+	case req.AllOrNone || len(out.Sandboxes) == 0 || ctx.Err() != nil:
+		// None or nothing, or nobody left to tell what was made: undo
+		// what was created, answer the failure.
+		s.undoGang(bg, gang, out.Sandboxes, nil, unsure)
+		if first == nil {
+			first = ctx.Err()
 		}
-		undo.Wait()
 		return first
 	default:
+		if unsure {
+			s.undoGang(bg, gang, nil, out.Sandboxes, true)
+		}
 		return writeJSON(w, http.StatusOK, out)
 	}
+}
+
+// undoGang deletes the members of gang in undo, on whichever nodes they
+// are. With sweep it then also deletes every other sandbox labelled with
+// the gang but not in keep: a member whose create failed without a clear
+// answer (its node's reply was lost) may exist all the same, and must not
+// outlive a gang that says it failed. A node that cannot be reached keeps
+// what it has; that is logged.
+func (s *Server) undoGang(ctx context.Context, gang string, undo, keep []api.Sandbox, sweep bool) {
+	ids := make([]string, 0, len(undo))
+	for _, sb := range undo {
+		ids = append(ids, sb.ID)
+	}
+	if sweep {
+		kept := make(map[string]bool, len(keep)+len(undo))
+		for _, sb := range append(slices.Clone(keep), undo...) {
+			kept[sb.ID] = true
+		}
+		list, err := s.cluster.List(ctx, node.Filter{Labels: map[string]string{api.LabelGang: gang}})
+		if err != nil {
+			s.log.Error("gang: could not look for members whose create went unanswered", "gang", gang, "err", err)
+		}
+		for _, sb := range list {
+			if !kept[sb.ID] && sb.State != api.StateLost {
+				ids = append(ids, sb.ID)
+			}
+		}
+	}
+	sem := make(chan struct{}, batchParallel)
+	var wg sync.WaitGroup
+	for _, id := range ids {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			s.undoCreate(ctx, id)
+			s.deleted(id)
+		}()
+	}
+	wg.Wait()
+}
+
+// mayHaveCreated reports whether a member whose create failed with err
+// may have been made all the same: its node took the request but its
+// answer never came (a cut connection, a node that went quiet, a caller
+// that gave up). A refusal, a bad request, a create no node could take and
+// one that never reached its node made nothing.
+func mayHaveCreated(err error) bool {
+	switch {
+	case err == errGangAborted, nodeapi.NotSent(err),
+		errdefs.Code(err) == api.CodeNoMatchingNode, errdefs.Code(err) == api.CodeNoCapacity:
+		return false
+	case errors.Is(err, errdefs.ErrExhausted), errors.Is(err, errdefs.ErrInvalid), errors.Is(err, errdefs.ErrNotFound),
+		errors.Is(err, errdefs.ErrForbidden), errors.Is(err, errdefs.ErrUnauthenticated), errors.Is(err, errdefs.ErrConflict):
+		return false
+	}
+	return true
 }
 
 // errGangAborted is the error of a member never tried because another

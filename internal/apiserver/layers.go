@@ -28,15 +28,32 @@ type Layers interface {
 
 // layerRoutes registers /v1/layers, /v1/environments and /v1/gc.
 func (s *Server) layerRoutes(auth func(handler) http.Handler) {
-	s.mux.Handle("POST /v1/layers", auth(s.buildLayer))
+	s.mux.Handle("POST /v1/layers", auth(s.changesImages(s.buildLayer)))
 	s.mux.Handle("GET /v1/layers", auth(s.listLayers))
 	s.mux.Handle("GET /v1/layers/{ref...}", auth(s.getLayer))
-	s.mux.Handle("DELETE /v1/layers/{ref...}", auth(s.deleteLayer))
-	s.mux.Handle("POST /v1/environments", auth(s.createEnv))
+	s.mux.Handle("DELETE /v1/layers/{ref...}", auth(s.changesImages(s.deleteLayer)))
+	s.mux.Handle("POST /v1/environments", auth(s.changesImages(s.createEnv)))
 	s.mux.Handle("GET /v1/environments", auth(s.listEnvs))
 	s.mux.Handle("GET /v1/environments/{ref...}", auth(s.getEnv))
-	s.mux.Handle("DELETE /v1/environments/{ref...}", auth(s.deleteEnv))
-	s.mux.Handle("POST /v1/gc", auth(s.gc))
+	s.mux.Handle("DELETE /v1/environments/{ref...}", auth(s.changesImages(s.deleteEnv)))
+	s.mux.Handle("POST /v1/gc", auth(s.changesImages(s.gc)))
+}
+
+// imageCacher is a Cluster that keeps resolved images for a moment
+// (Router).
+type imageCacher interface{ ImagesChanged() }
+
+// changesImages wraps a handler that may change layers or environments:
+// afterwards the cluster forgets the images it resolved, so that this
+// apiserver's next creates see the change.
+func (s *Server) changesImages(h handler) handler {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		err := h(w, r)
+		if c, ok := s.cluster.(imageCacher); ok {
+			c.ImagesChanged()
+		}
+		return err
+	}
 }
 
 func (s *Server) layers() (Layers, error) {

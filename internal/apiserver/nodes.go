@@ -17,9 +17,9 @@ import (
 )
 
 // Node registration through the apiserver, for agents started with
-// --apiserver that have no access to etcd. They call it with the node
-// token: the cluster's shared node secret (Config.NodeTokens), or an IAM
-// token of role node.
+// --apiserver that have no access to etcd. They call it with a node token
+// (an IAM token of role node), and register the secret their node API
+// accepts (fleet.Registration), which goes to etcd and nowhere else.
 //
 //	PUT    /v1/nodes/{id}/lease              LeaseRequest -> LeaseAnswer
 //	POST   /v1/node-leases/{lease}/keepalive 204, or 404 once the lease is gone
@@ -59,9 +59,6 @@ func (s *Server) checkNodeAuth(r *http.Request) error {
 	if !ok || tok == "" {
 		return errdefs.New(errdefs.ErrUnauthenticated, api.CodeUnauthenticated, "missing bearer token")
 	}
-	if s.cfg.NodeTokens != nil && s.cfg.NodeTokens.Check(r.Context(), tok) == nil {
-		return nil
-	}
 	if s.cfg.Tokens == nil {
 		return errdefs.New(errdefs.ErrUnauthenticated, api.CodeUnauthenticated, "invalid node token")
 	}
@@ -85,6 +82,9 @@ func (s *Server) registerNode(w http.ResponseWriter, r *http.Request) error {
 	if n.Address == "" {
 		return errdefs.Invalid("registration of node %s: no address", id)
 	}
+	if req.Secret == "" {
+		return errdefs.Invalid("registration of node %s: no node secret", id)
+	}
 	ttl := req.TTL.D()
 	if ttl <= 0 || ttl > maxRegistrationTTL {
 		return errdefs.Invalid("registration ttl %v: want 1s..%v", ttl, maxRegistrationTTL)
@@ -97,7 +97,7 @@ func (s *Server) registerNode(w http.ResponseWriter, r *http.Request) error {
 	if reg.Pool != api.PoolOnPrem && reg.Pool != api.PoolCloud {
 		return errdefs.Invalid("node pool %q: want %s or %s", reg.Pool, api.PoolOnPrem, api.PoolCloud)
 	}
-	value, err := json.Marshal(reg)
+	value, err := json.Marshal(fleet.Registration{Node: reg, Secret: req.Secret})
 	if err != nil {
 		return err
 	}

@@ -26,7 +26,7 @@ type OCI interface {
 
 // ociRoutes registers OCI image import and environment export.
 func (s *Server) ociRoutes(auth func(handler) http.Handler) {
-	s.mux.Handle("POST /v1/images:import", auth(s.importImage))
+	s.mux.Handle("POST /v1/images:import", auth(s.changesImages(s.importImage)))
 	s.mux.Handle("GET /v1/environments/{ref}/export", auth(s.exportEnv))
 }
 

@@ -53,6 +53,10 @@ type RouterConfig struct {
 	// Images, if set, resolves images for creates; without it nodes must
 	// resolve them themselves.
 	Images Resolver
+	// ImageTTL is how long an image name or layer stack, once resolved,
+	// is reused for further creates (default DefaultImageTTL; negative:
+	// resolve on every create). ImagesChanged forgets them all.
+	ImageTTL time.Duration
 	// Known reports whether a node not registered now ever was; its
 	// sandboxes are then lost rather than unknown (fleet.Known). Nil: no
 	// node that left is known.
@@ -60,13 +64,15 @@ type RouterConfig struct {
 	// ListTimeout bounds one node's answer to a fanned-out list (default
 	// 10 s); a node slower than that is listed from the cache.
 	ListTimeout time.Duration
-	// Refresh is how often Run re-lists every reachable node, to keep the
-	// cache of what each node holds (what a list shows for a node that
-	// stopped answering) and quota usage (Usage) in step with what other
-	// apiservers and the nodes themselves did (default 2 s).
+	// Refresh is how often Run reads what changed on every reachable node
+	// (node.Changes: the first time a whole list, then what changed
+	// since), to keep the cache of what each node holds (what a list shows
+	// for a node that stopped answering) and quota usage (Usage) in step
+	// with what other apiservers and the nodes themselves did (default 2 s).
 	Refresh time.Duration
 	// Usage, if set, is quota admission's usage source: every refresh
-	// resyncs each node's figures from its list, and forgets lost nodes.
+	// brings each node's figures up to date with its changes, and forgets
+	// lost nodes.
 	Usage *Usage
 	// Defaults are the resources placement counts for a create that leaves
 	// CPU or memory out; keep them equal to the nodes' defaults (default 1
@@ -94,6 +100,8 @@ type Router struct {
 	cfg    RouterConfig
 	placer *placement.Placer
 	log    *slog.Logger
+	images Resolver    // cfg.Images, through cache when there is one
+	cache  *imageCache // nil without Images or with a negative ImageTTL
 
 	mu     sync.Mutex
 	cached map[string]*nodeCache // node id -> what it last said it holds
@@ -103,6 +111,10 @@ type Router struct {
 	unknown map[string]time.Time
 	synced  map[string]bool         // nodes whose usage Usage holds (refresh only)
 	alive   map[string]*aliveSignal // per node, canceled when it turns lost
+	// cursors is how far refresh has read each node's changes.
+	cursors map[string]nodeCursor
+
+	fn fnLoad // FnCalls in flight and refusals per node (fn.go)
 }
 
 type nodeCache struct {
@@ -144,11 +156,27 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Router{
-		cfg: cfg, placer: p, log: cfg.Log.With("component", "router"),
+	r := &Router{
+		cfg: cfg, placer: p, log: cfg.Log.With("component", "router"), images: cfg.Images,
 		cached: map[string]*nodeCache{}, known: map[string]bool{}, synced: map[string]bool{}, unknown: map[string]time.Time{},
-		alive: map[string]*aliveSignal{},
-	}, nil
+		alive: map[string]*aliveSignal{}, cursors: map[string]nodeCursor{},
+	}
+	if cfg.Images != nil && cfg.ImageTTL >= 0 {
+		if cfg.ImageTTL == 0 {
+			cfg.ImageTTL = DefaultImageTTL
+		}
+		r.cache = newImageCache(cfg.Images, cfg.ImageTTL)
+		r.images = r.cache
+	}
+	return r, nil
+}
+
+// ImagesChanged forgets the images resolved so far: layers or environments
+// changed through this apiserver, and its next creates should see it.
+func (r *Router) ImagesChanged() {
+	if r.cache != nil {
+		r.cache.invalidate()
+	}
 }
 
 // Run refreshes what every reachable node holds, at once and then every
@@ -169,8 +197,8 @@ func (r *Router) Run(ctx context.Context) error {
 	}
 }
 
-// refresh lists every reachable node, at most 16 at a time, into the
-// cache and quota usage; lost nodes count for no usage.
+// refresh reads what changed on every reachable node, at most 16 at a
+// time, into the cache and quota usage; lost nodes count for no usage.
 func (r *Router) refresh(ctx context.Context) {
 	nodes := r.cfg.Fleet.Snapshot()
 	live := make(map[string]bool, len(nodes))
@@ -187,19 +215,20 @@ func (r *Router) refresh(ctx context.Context) {
 			defer func() { <-sem; wg.Done() }()
 			lctx, cancel := context.WithTimeout(ctx, r.cfg.ListTimeout)
 			defer cancel()
-			list := func() ([]api.Sandbox, error) {
+			changes := func() (node.Changes, error) {
 				start := time.Now()
-				l, err := r.cfg.Clients.Node(v.ID, v.Address).List(lctx, node.Filter{})
+				cur := r.cursorOf(v.ID)
+				ch, err := r.cfg.Clients.Node(v.ID, v.Address, v.Secret).Changes(lctx, cur.epoch, cur.rev)
 				if err == nil {
-					r.store(v.ID, l, start)
+					r.update(v.ID, ch, start)
 				}
-				return l, err
+				return ch, err
 			}
 			if r.cfg.Usage == nil {
-				list()
+				changes()
 				return
 			}
-			if r.cfg.Usage.Resync(v.ID, list) == nil {
+			if r.cfg.Usage.Update(v.ID, changes) == nil {
 				r.mu.Lock()
 				r.synced[v.ID] = true
 				r.mu.Unlock()
@@ -207,9 +236,6 @@ func (r *Router) refresh(ctx context.Context) {
 		}()
 	}
 	wg.Wait()
-	if r.cfg.Usage == nil {
-		return
-	}
 	r.mu.Lock()
 	var gone []string
 	for id := range r.synced {
@@ -218,7 +244,15 @@ func (r *Router) refresh(ctx context.Context) {
 			delete(r.synced, id)
 		}
 	}
+	for id := range r.cursors {
+		if !live[id] {
+			delete(r.cursors, id)
+		}
+	}
 	r.mu.Unlock()
+	if r.cfg.Usage == nil {
+		return
+	}
 	for _, id := range gone {
 		r.cfg.Usage.RemoveNode(id)
 	}
@@ -230,7 +264,7 @@ func (r *Router) client(id string) (*nodeapi.Client, error) {
 	if !ok {
 		return nil, errdefs.New(errdefs.ErrUnavailable, api.CodeNodeUnreachable, "node %s is not registered", id)
 	}
-	return r.cfg.Clients.Node(id, v.Address), nil
+	return r.cfg.Clients.Node(id, v.Address, v.Secret), nil
 }
 
 // Create places the sandbox and creates it on the chosen node, on
@@ -243,15 +277,15 @@ func (r *Router) Create(ctx context.Context, req api.CreateSandboxRequest) (api.
 		return api.Sandbox{}, errdefs.Invalid("unknown backend %q", req.Backend)
 	}
 	var img *api.Image
-	if r.cfg.Images != nil && (req.Image == "") != (len(req.Layers) == 0) {
+	if r.images != nil && (req.Image == "") != (len(req.Layers) == 0) {
 		// Exactly one of them: resolve here, once for every try. The node
 		// validates the rest (and both or neither).
 		var im api.Image
 		var err error
 		if len(req.Layers) > 0 {
-			im, err = r.cfg.Images.ResolveLayers(ctx, req.Layers)
+			im, err = r.images.ResolveLayers(ctx, req.Layers)
 		} else {
-			im, err = r.cfg.Images.Get(ctx, req.Image)
+			im, err = r.images.Get(ctx, req.Image)
 		}
 		if err != nil {
 			return api.Sandbox{}, err
@@ -305,7 +339,7 @@ func (r *Router) Route(ctx context.Context, id string) (Node, error) {
 			// nothing can be routed either.
 			return nil, errdefs.New(errdefs.ErrUnavailable, api.CodeNodeUnreachable, "node %s: the fleet view is not ready", nid)
 		}
-		return &routed{Client: r.cfg.Clients.Node(nid, v.Address), r: r}, nil
+		return &routed{Client: r.cfg.Clients.Node(nid, v.Address, v.Secret), r: r}, nil
 	}
 	if registered {
 		return r.lostNode(nid, fmt.Sprintf("node %s is unreachable (missed %d polls)", nid, v.Missed)), nil
@@ -513,6 +547,43 @@ func slim(sb api.Sandbox) api.Sandbox {
 	return sb
 }
 
+// nodeCursor is a point in a node's changes (node.Changes).
+type nodeCursor struct {
+	epoch string
+	rev   uint64
+}
+
+func (r *Router) cursorOf(nodeID string) nodeCursor {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cursors[nodeID]
+}
+
+// update applies a node's changes to its cache and moves its cursor.
+func (r *Router) update(nodeID string, ch node.Changes, at time.Time) {
+	if ch.Full {
+		r.store(nodeID, ch.Sandboxes, at)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cursors[nodeID] = nodeCursor{epoch: ch.Epoch, rev: ch.Rev}
+	if ch.Full {
+		return
+	}
+	c := r.cached[nodeID]
+	if c == nil {
+		c = &nodeCache{sandboxes: map[string]api.Sandbox{}}
+		r.cached[nodeID] = c
+	}
+	c.at = at
+	for _, sb := range ch.Sandboxes {
+		c.sandboxes[sb.ID] = slim(sb)
+	}
+	for _, id := range ch.Deleted {
+		delete(c.sandboxes, id)
+	}
+}
+
 // store replaces a node's cache with a complete list.
 func (r *Router) store(nodeID string, list []api.Sandbox, at time.Time) {
 	c := &nodeCache{at: at, sandboxes: make(map[string]api.Sandbox, len(list))}
@@ -637,7 +708,7 @@ func (r *Router) list(ctx context.Context, f node.Filter, strict bool) ([]api.Sa
 			lctx, cancel := context.WithTimeout(ctx, r.cfg.ListTimeout)
 			defer cancel()
 			start := time.Now()
-			l, err := r.cfg.Clients.Node(v.ID, v.Address).List(lctx, f)
+			l, err := r.cfg.Clients.Node(v.ID, v.Address, v.Secret).List(lctx, f)
 			if err == nil {
 				if f.State == "" && len(f.Labels) == 0 {
 					r.store(v.ID, l, start)

@@ -26,8 +26,6 @@ import (
 	"github.com/warrenhq/warren/internal/store"
 )
 
-const nodeToken = "node-secret"
-
 var quietLog = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // resolver is the image registry as the router sees it: busybox by name,
@@ -48,6 +46,12 @@ type fleetNode struct {
 	creates atomic.Int32
 	stopReg context.CancelFunc
 	regDone chan struct{}
+
+	// refuseAfter, if > 0, answers 429 to every create after that many.
+	refuseAfter atomic.Int32
+	// loseAnswers: creates happen, but the connection breaks before the
+	// answer, as when a link fails at the wrong moment.
+	loseAnswers atomic.Bool
 }
 
 type fleetHarness struct {
@@ -63,24 +67,47 @@ type fleetHarness struct {
 // polls (unreachable after 2 misses).
 func newFleet(t *testing.T, ids ...string) *fleetHarness {
 	t.Helper()
+	return newFleetWith(t, fleetOptions{}, ids...)
+}
+
+// fleetOptions change what newFleetWith builds, after its defaults.
+type fleetOptions struct {
+	node   func(id string, c *node.Config)
+	fleet  func(c *fleet.Config)
+	server func(c *apiserver.Config)
+}
+
+func newFleetWith(t *testing.T, o fleetOptions, ids ...string) *fleetHarness {
+	t.Helper()
 	st := store.Memory().(store.Watcher)
 	f := &fleetHarness{nodes: map[string]*fleetNode{}, st: st}
 	for _, id := range ids {
 		fn := &fleetNode{}
-		fn.agent = nodetest.New(t, func(c *node.Config) { c.ID = id; c.Images = nil })
-		h := nodeapi.NewServer(fn.agent, nodeapi.Secret(nodeToken), quietLog)
+		fn.agent = nodetest.New(t, func(c *node.Config) {
+			c.ID = id
+			c.Images = nil
+			if o.node != nil {
+				o.node(id, c)
+			}
+		})
+		// Each node takes its own secret only, as agents do.
+		h := nodeapi.NewServer(fn.agent, nodeapi.Secret("secret-"+id), quietLog)
 		fn.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if fn.hang.Load() {
 				<-r.Context().Done()
 				return
 			}
 			if r.Method == "POST" && r.URL.Path == "/v1/sandboxes" {
-				fn.creates.Add(1)
-				if fn.refuse.Load() {
+				n := fn.creates.Add(1)
+				if after := fn.refuseAfter.Load(); fn.refuse.Load() || after > 0 && n > after {
 					w.Header().Set("Retry-After", "3")
 					w.WriteHeader(http.StatusTooManyRequests)
 					io.WriteString(w, `{"error":{"code":"node_full","message":"node `+id+` is full","retry_after":3}}`)
 					return
+				}
+				if fn.loseAnswers.Load() {
+					h.ServeHTTP(httptest.NewRecorder(), r)
+					panic(http.ErrAbortHandler)
 				}
 			}
 			h.ServeHTTP(w, r)
@@ -88,7 +115,7 @@ func newFleet(t *testing.T, ids ...string) *fleetHarness {
 		t.Cleanup(fn.srv.Close)
 		status := fn.agent.Status()
 		reg, err := fleet.NewRegistrar(fleet.RegistrarConfig{
-			Store: st, TTL: time.Second, Log: quietLog,
+			Store: st, TTL: time.Second, Log: quietLog, Secret: "secret-" + id,
 			Node: api.Node{ID: id, Address: fn.srv.Listener.Addr().String(), Backends: status.Backends, Capacity: status.Capacity},
 		})
 		if err != nil {
@@ -100,8 +127,12 @@ func newFleet(t *testing.T, ids ...string) *fleetHarness {
 		t.Cleanup(fn.stopRegistration)
 		f.nodes[id] = fn
 	}
-	clients := nodeapi.NewClients(nodeToken, nil)
-	w, err := fleet.New(fleet.Config{Store: st, Source: clients, PollInterval: 50 * time.Millisecond, MaxMissed: 2, Log: quietLog})
+	clients := nodeapi.NewClients(nil)
+	fc := fleet.Config{Store: st, Source: clients, PollInterval: 50 * time.Millisecond, MaxMissed: 2, Log: quietLog}
+	if o.fleet != nil {
+		o.fleet(&fc)
+	}
+	w, err := fleet.New(fc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,12 +162,16 @@ func newFleet(t *testing.T, ids ...string) *fleetHarness {
 		t.Fatal(err)
 	}
 	go r.Run(ctx)
-	srv := httptest.NewServer(apiserver.New(apiserver.Config{
+	cfg := apiserver.Config{
 		Cluster: r,
 		Images:  imagetest.Busybox,
 		Tokens:  apiserver.StaticToken(token),
 		Log:     quietLog,
-	}))
+	}
+	if o.server != nil {
+		o.server(&cfg)
+	}
+	srv := httptest.NewServer(apiserver.New(cfg))
 	t.Cleanup(srv.Close)
 	f.harness = &harness{t: t, url: srv.URL}
 	return f
@@ -378,7 +413,7 @@ func TestRouterGCNeedsEveryNode(t *testing.T) {
 	f := newFleet(t, "a1", "b2")
 	f.create(`{"image":"busybox"}`)
 	ctx := context.Background()
-	r, err := apiserver.NewRouter(apiserver.RouterConfig{Fleet: f.watcher, Clients: nodeapi.NewClients(nodeToken, nil), Log: quietLog})
+	r, err := apiserver.NewRouter(apiserver.RouterConfig{Fleet: f.watcher, Clients: nodeapi.NewClients(nil), Log: quietLog})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,7 +428,7 @@ func TestRouterGCNeedsEveryNode(t *testing.T) {
 	if _, err := r.LiveLayers(ctx); err != nil {
 		t.Errorf("live layers with b2's cache: %v", err)
 	}
-	fresh, _ := apiserver.NewRouter(apiserver.RouterConfig{Fleet: f.watcher, Clients: nodeapi.NewClients(nodeToken, nil), Log: quietLog})
+	fresh, _ := apiserver.NewRouter(apiserver.RouterConfig{Fleet: f.watcher, Clients: nodeapi.NewClients(nil), Log: quietLog})
 	if _, err := fresh.LiveLayers(ctx); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Errorf("live layers with an unknown node: %v, want ErrUnavailable", err)
 	}

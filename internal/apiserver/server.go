@@ -18,10 +18,10 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/fncall"
 	"github.com/warrenhq/warren/internal/httperr"
 	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/node"
-	"github.com/warrenhq/warren/internal/node/nodeapi"
 	"github.com/warrenhq/warren/internal/store"
 )
 
@@ -56,10 +56,9 @@ type Config struct {
 	Node   StatusNode
 	Images Images
 	// Registrations, if set, keeps the registrations of agents that
-	// register through this apiserver (nodes.go), with NodeTokens (or IAM
-	// tokens of role node) as their credential.
+	// register through this apiserver (nodes.go), with an IAM token of
+	// role node (Tokens) as their credential.
 	Registrations store.Watcher
-	NodeTokens    nodeapi.Authenticator
 	// Layers serves /v1/layers and /v1/environments; nil answers 503.
 	Layers Layers
 	// CollectGarbage, if set, is called after a layer or environment is
@@ -85,6 +84,10 @@ type Config struct {
 	Log *slog.Logger
 	// Registry receives the server's metrics; nil makes a private one.
 	Registry *prometheus.Registry
+
+	// Fn runs FnCalls in-process (warren up's node); a Router routes them
+	// to its nodes instead (fn.go). Nil with no Router: no runtime exists.
+	Fn fncall.Runner
 }
 
 // Server serves REST v1.
@@ -139,6 +142,7 @@ func (s *Server) routes() {
 	s.layerRoutes(auth)
 	s.ociRoutes(auth)
 	s.iamRoutes(auth)
+	s.fnRoutes(auth)
 	s.nodeRoutes() // nodes.go: registration for agents without etcd
 	s.mux.Handle("/v1/", auth(func(w http.ResponseWriter, r *http.Request) error {
 		return errdefs.New(errdefs.ErrNotFound, api.CodeNotFound, "no route for %s %s", r.Method, r.URL.Path)

@@ -82,24 +82,53 @@ func (u *Usage) apply(nodeID string, ev usageEvent) {
 	if n.listing {
 		n.events = append(n.events, ev)
 	}
-	old, had := n.sandboxes[ev.id]
-	switch {
-	case ev.deleted && !had, !ev.deleted && had && old == ev.c:
-		return
-	case had:
-		n.byProject[old.project] = n.byProject[old.project].Sub(old.res)
-		if n.byProject[old.project].IsZero() {
-			delete(n.byProject, old.project)
-		}
+	if n.applyEvent(ev) {
+		// O(the node's projects): cheap next to a create.
+		u.tally.SetNode(nodeID, n.byProject)
 	}
+}
+
+// applyEvent counts or uncounts one sandbox and reports whether anything
+// changed; u.mu is held.
+func (n *nodeUsage) applyEvent(ev usageEvent) bool {
 	if ev.deleted {
-		delete(n.sandboxes, ev.id)
-	} else {
-		n.sandboxes[ev.id] = ev.c
-		n.byProject[ev.c.project] = n.byProject[ev.c.project].Add(ev.c.res)
+		return n.remove(ev.id)
 	}
-	// O(the node's projects): cheap next to a create.
-	u.tally.SetNode(nodeID, n.byProject)
+	return n.set(ev.id, ev.c)
+}
+
+// set counts sandbox id as c; u.mu is held.
+func (n *nodeUsage) set(id string, c counted) bool {
+	old, had := n.sandboxes[id]
+	if had && old == c {
+		return false
+	}
+	if had {
+		n.uncount(old)
+	}
+	n.sandboxes[id] = c
+	n.byProject[c.project] = n.byProject[c.project].Add(c.res)
+	return true
+}
+
+// remove stops counting sandbox id; u.mu is held.
+func (n *nodeUsage) remove(id string) bool {
+	old, had := n.sandboxes[id]
+	if !had {
+		return false
+	}
+	n.uncount(old)
+	delete(n.sandboxes, id)
+	return true
+}
+
+func (n *nodeUsage) uncount(c counted) {
+	left := n.byProject[c.project].Sub(c.res)
+	if left.IsZero() {
+		delete(n.byProject, c.project)
+	} else {
+		n.byProject[c.project] = left
+	}
 }
 
 // Resync replaces nodeID's figures with what list (the node's own list of
@@ -107,6 +136,19 @@ func (u *Usage) apply(nodeID string, ev usageEvent) {
 // while list ran. On error the previous figures stay: forgetting them
 // would let a burst in.
 func (u *Usage) Resync(nodeID string, list func() ([]api.Sandbox, error)) error {
+	return u.Update(nodeID, func() (node.Changes, error) {
+		l, err := list()
+		return node.Changes{Full: true, Sandboxes: l}, err
+	})
+}
+
+// Update brings nodeID's figures up to date with what changes (the node's
+// own account, node.Changes) says: a full list replaces them, changes
+// since the last call are applied to them. The creates and deletes this
+// apiserver saw while changes ran are applied again on top, since the
+// node's answer may predate them. On error the previous figures stay.
+// Lost sandboxes count for nothing.
+func (u *Usage) Update(nodeID string, changes func() (node.Changes, error)) error {
 	u.mu.Lock()
 	n := u.nodeLocked(nodeID)
 	u.mu.Unlock()
@@ -116,7 +158,7 @@ func (u *Usage) Resync(nodeID string, list func() ([]api.Sandbox, error)) error 
 	u.mu.Lock()
 	n.listing, n.events = true, nil
 	u.mu.Unlock()
-	sbs, err := list()
+	ch, err := changes()
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	events := n.events
@@ -124,25 +166,24 @@ func (u *Usage) Resync(nodeID string, list func() ([]api.Sandbox, error)) error 
 	if err != nil {
 		return err
 	}
-	m := make(map[string]counted, len(sbs))
-	for _, sb := range sbs {
-		if sb.State != api.StateLost {
-			m[sb.ID] = countOf(sb)
+	if ch.Full {
+		n.sandboxes = make(map[string]counted, len(ch.Sandboxes))
+		n.byProject = map[string]iam.Resources{}
+	}
+	for _, sb := range ch.Sandboxes {
+		if sb.State == api.StateLost {
+			n.remove(sb.ID)
+		} else {
+			n.set(sb.ID, countOf(sb))
 		}
+	}
+	for _, id := range ch.Deleted {
+		n.remove(id)
 	}
 	for _, ev := range events {
-		if ev.deleted {
-			delete(m, ev.id)
-		} else {
-			m[ev.id] = ev.c
-		}
+		n.applyEvent(ev)
 	}
-	by := map[string]iam.Resources{}
-	for _, c := range m {
-		by[c.project] = by[c.project].Add(c.res)
-	}
-	n.sandboxes, n.byProject = m, by
-	u.tally.SetNode(nodeID, by)
+	u.tally.SetNode(nodeID, n.byProject)
 	return nil
 }
 

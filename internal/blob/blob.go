@@ -1,7 +1,8 @@
 // Package blob is the content-addressed store that layers live in: a
 // directory (local disk, or a distributed filesystem mount such as CephFS,
-// JuiceFS or 3FS, so one directory serves a whole fleet) and later an
-// S3-compatible object store. Every store passes the suite in blobtest.
+// JuiceFS or 3FS, so one directory serves a whole fleet) or an
+// S3-compatible object store. Open picks one from a spec, as the server
+// roles' --blobs flag gives it. Every store passes the suite in blobtest.
 package blob
 
 import (

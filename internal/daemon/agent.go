@@ -15,9 +15,9 @@ import (
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/backend/container"
 	"github.com/warrenhq/warren/internal/backend/fake"
-	"github.com/warrenhq/warren/internal/blob"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/fleet"
+	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/image"
 	"github.com/warrenhq/warren/internal/node"
 	"github.com/warrenhq/warren/internal/node/nodeapi"
@@ -42,16 +42,20 @@ type AgentConfig struct {
 	// list serves, the first that answers is used).
 	Etcd       []string
 	APIServers []string
-	// Token is the node token: apiservers present it to the node API, and
-	// the agent presents it to an apiserver to register.
+	// Token is the node token: an IAM token of role node (`warren token
+	// create --role node`, or the first apiserver's <data-dir>/node-token).
+	// The agent registers with it, through an apiserver or in etcd (where
+	// the agent checks it itself); a revoked token ends the registration.
+	// It never opens the node API: that takes a secret the agent draws at
+	// every start and registers with the node (fleet.Registration).
 	Token string
 	// Pool is api.PoolOnPrem (default) or api.PoolCloud; Labels are
 	// matched by placement.
 	Pool   string
 	Labels map[string]string
-	// Blobs is the blob store directory every node and apiserver share
-	// (a distributed filesystem mount across hosts). Default
-	// <DataDir>/blobs.
+	// Blobs is the blob store every node and apiserver share (blob.Open:
+	// a directory on a filesystem they all mount, or s3://bucket/prefix).
+	// Default <DataDir>/blobs.
 	Blobs  string
 	Limits node.Limits
 	// Backend is "container" (default), or "fake" to run a simulated node
@@ -93,11 +97,7 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 		return err
 	}
 
-	blobDir := cfg.Blobs
-	if blobDir == "" {
-		blobDir = filepath.Join(dir, "blobs")
-	}
-	blobs, err := blob.NewDir(blobDir)
+	blobs, err := openBlobs(ctx, cfg.Blobs, dir) // images.go
 	if err != nil {
 		return err
 	}
@@ -147,7 +147,7 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 			return err
 		}
 		defer st.Close()
-		leaser, peer = st, hostPort(cfg.Etcd[0])
+		leaser, peer = newTokenLeaser(st, cfg.Token), hostPort(cfg.Etcd[0])
 	} else {
 		leaser, peer = nodeapi.NewRegistrations(cfg.APIServers, cfg.Token, nil), hostPort(cfg.APIServers[0])
 	}
@@ -160,42 +160,115 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	if addr == "" {
 		addr = advertise(ln.Addr().(*net.TCPAddr), peer)
 	}
-	httpSrv := startHTTP(ln, nodeapi.NewServer(agent, nodeapi.Secret(cfg.Token), log))
+	// This node's own secret, new at every start: only the apiservers
+	// learn it, from the registration.
+	secret := randomHex(32)
+	httpSrv := startHTTP(ln, nodeapi.NewServer(agent, nodeapi.Secret(secret), log))
 
 	status := agent.Status()
 	reg, err := fleet.NewRegistrar(fleet.RegistrarConfig{
 		Store: leaser,
 		Node: api.Node{ID: nodeID, Address: addr, Pool: cfg.Pool, Labels: cfg.Labels,
 			Backends: status.Backends, Capacity: status.Capacity},
-		TTL: cfg.RegistrationTTL,
-		Log: log,
+		Secret: secret,
+		TTL:    cfg.RegistrationTTL,
+		Log:    log,
 	})
 	if err != nil {
 		httpSrv.srv.Close()
 		return err
 	}
+	// A registration refused for good (the node token was revoked) ends
+	// the agent: serving a node that no apiserver will call helps nobody.
+	sctx, refused := context.WithCancelCause(ctx)
+	defer refused(nil)
 	rctx, stopReg := context.WithCancel(ctx)
 	regDone := make(chan struct{})
-	go func() { reg.Run(rctx); close(regDone) }()
+	go func() {
+		defer close(regDone)
+		if err := reg.Run(rctx); err != nil {
+			refused(fmt.Errorf("node registration refused: %w", err))
+		}
+	}()
 	defer func() { stopReg(); <-regDone }()
+	regErr := func() error {
+		if err := context.Cause(sctx); ctx.Err() == nil && err != nil {
+			return err
+		}
+		return nil
+	}
 
 	// Ready once registered, so that a caller may place on the node.
 	for reg.Lease() == 0 {
 		select {
-		case <-ctx.Done():
+		case <-sctx.Done():
 			httpSrv.srv.Close()
-			return nil
+			return regErr()
 		case err := <-httpSrv.errc:
 			return err
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
 	log.Info("warren agent is up", "node", nodeID, "addr", ln.Addr().String(), "advertise", addr, "data_dir", dir,
-		"pool", orDefault(cfg.Pool, api.PoolOnPrem), "backends", status.Backends, "startup", time.Since(start).Round(time.Millisecond))
+		"blobs", blobsOf(cfg.Blobs, dir), "pool", orDefault(cfg.Pool, api.PoolOnPrem), "backends", status.Backends,
+		"startup", time.Since(start).Round(time.Millisecond))
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr().String())
 	}
-	return httpSrv.wait(ctx)
+	if err := httpSrv.wait(sctx); err != nil {
+		return err
+	}
+	return regErr()
+}
+
+// tokenLeaser is the registration store of an agent that reaches etcd
+// itself. It checks the node token with IAM before every registration and
+// renewal, as an apiserver does for an agent that registers through it, so
+// that either way only a node token registers, and a revoked one's
+// registration lapses.
+type tokenLeaser struct {
+	store.Watcher
+	iam   *iam.IAM
+	token string
+}
+
+// tokenRecheck bounds how long a revoked token keeps renewing an etcd
+// agent's registration (its lease then runs out). Checks in between are
+// answered from IAM's cache: one store read per agent per tokenRecheck.
+const tokenRecheck = 30 * time.Second
+
+func newTokenLeaser(st store.Watcher, token string) *tokenLeaser {
+	// Never admits anything: it only reads tokens. Node tokens belong to
+	// the root project, which is always there: the tree needs no refresh.
+	m := iam.New(st, iam.Options{AuthCacheTTL: tokenRecheck, TreeRefresh: time.Hour})
+	return &tokenLeaser{Watcher: st, iam: m, token: token}
+}
+
+// check: ErrUnauthenticated for a token IAM does not know (or no longer),
+// ErrForbidden for a token of another role.
+func (l *tokenLeaser) check(ctx context.Context) error {
+	p, err := l.iam.Authenticate(ctx, l.token)
+	if err != nil {
+		return fmt.Errorf("node token: %w", err)
+	}
+	if err := iam.Authorize(p, iam.ActionNode, ""); err != nil {
+		return fmt.Errorf("node token: %w", err)
+	}
+	return nil
+}
+
+func (l *tokenLeaser) PutWithLease(ctx context.Context, key string, value []byte, ttl time.Duration) (store.LeaseID, error) {
+	if err := l.check(ctx); err != nil {
+		return 0, err
+	}
+	return l.Watcher.PutWithLease(ctx, key, value, ttl)
+}
+
+func (l *tokenLeaser) KeepAlive(ctx context.Context, id store.LeaseID) error {
+	if err := l.check(ctx); err != nil {
+		return err
+	}
+	return l.Watcher.KeepAlive(ctx, id)
 }
 
 func orDefault(s, def string) string {

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/internal/apiserver"
-	"github.com/warrenhq/warren/internal/blob"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/fleet"
 	"github.com/warrenhq/warren/internal/iam"
@@ -33,13 +32,10 @@ type APIServerConfig struct {
 	DataDir string
 	Listen  string
 	Etcd    []string
-	// Blobs is the blob store directory every apiserver and node share.
+	// Blobs is the blob store every apiserver and node share (blob.Open:
+	// a directory on a filesystem they all mount, or s3://bucket/prefix).
 	// Default <DataDir>/blobs (one host only).
 	Blobs string
-	// NodeToken is the secret presented to node agents and accepted from
-	// agents that register through this apiserver. Empty: the cluster's,
-	// created in etcd by the first apiserver.
-	NodeToken string
 	// Placement tunes placement (K, strategy, burst pool, retries).
 	Placement placement.Config
 	// Fleet tunes the fleet watcher's polls (interval, timeout, misses).
@@ -53,17 +49,19 @@ type APIServerConfig struct {
 
 // Bootstrap keys in etcd.
 const (
-	// nodeTokenKey holds the cluster's node secret, readable by every
-	// apiserver (they present it to agents).
-	nodeTokenKey = "/cluster/node-token"
 	// adminBootstrapKey is claimed by the apiserver that creates the
 	// first admin token: that one, and only that one, writes it to its
 	// <data-dir>/admin-token.
 	adminBootstrapKey = "/cluster/admin-bootstrap"
+	// nodeBootstrapKey is claimed by the apiserver that mints the first
+	// node token, which it writes to its <data-dir>/node-token.
+	nodeBootstrapKey = "/cluster/node-bootstrap"
 )
 
-// NodeTokenFile is the node token's file name under an apiserver's data
-// dir: pass its content to `warren agent --token`.
+// NodeTokenFile is the bootstrap node token's file name under the data dir
+// of the first apiserver of a cluster: pass its content to `warren agent
+// --token`. It is an IAM token of role node like any other (`warren token
+// create --role node` mints more; `warren token revoke` ends one).
 const NodeTokenFile = "node-token"
 
 // APIServer runs one apiserver replica until ctx ends.
@@ -90,33 +88,15 @@ func APIServer(ctx context.Context, cfg APIServerConfig) error {
 	defer st.Close()
 	// Fail fast when etcd is not there, rather than serve 503s.
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	_, err = st.Get(pctx, nodeTokenKey)
+	_, err = st.Get(pctx, adminBootstrapKey)
 	cancel()
 	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return fmt.Errorf("etcd %v: %w", cfg.Etcd, err)
 	}
 
-	blobDir := cfg.Blobs
-	if blobDir == "" {
-		blobDir = filepath.Join(dir, "blobs")
-	}
-	blobs, err := blob.NewDir(blobDir)
+	imgs, err := openImages(ctx, st, dir, cfg.Blobs, log) // images.go
 	if err != nil {
 		return err
-	}
-	images := image.NewRegistry(st, blobs, image.WithWorkDir(filepath.Join(dir, "tmp")), image.WithLogger(log))
-	if _, err := images.EnsureBusybox(ctx, filepath.Join(dir, "tmp")); err != nil {
-		log.Error("busybox image unavailable", "err", err)
-	}
-
-	nodeToken := cfg.NodeToken
-	if nodeToken == "" {
-		if nodeToken, err = clusterSecret(ctx, st, nodeTokenKey); err != nil {
-			return fmt.Errorf("node token: %w", err)
-		}
-		if err := writeSecret(filepath.Join(dir, NodeTokenFile), nodeToken); err != nil {
-			return err
-		}
 	}
 	admin, err := bootstrapAdmin(ctx, st, filepath.Join(dir, AdminTokenFile))
 	if err != nil {
@@ -126,8 +106,15 @@ func APIServer(ctx context.Context, cfg APIServerConfig) error {
 	if err != nil {
 		return err
 	}
+	nodeTokenFile := filepath.Join(dir, NodeTokenFile)
+	mintedNodeToken, err := bootstrapNodeToken(ctx, st, ids.IAM, nodeTokenFile)
+	if err != nil {
+		return fmt.Errorf("node token: %w", err)
+	}
 
-	clients := nodeapi.NewClients(nodeToken, nil)
+	// No shared node secret: each node registers its own, and the fleet
+	// view hands it to the client of that node.
+	clients := nodeapi.NewClients(nil)
 	fc := cfg.Fleet
 	fc.Store, fc.Source, fc.Log = st, clients, log
 	watcher, err := fleet.New(fc)
@@ -138,7 +125,7 @@ func APIServer(ctx context.Context, cfg APIServerConfig) error {
 		Fleet:     watcher,
 		Clients:   clients,
 		Placement: cfg.Placement,
-		Images:    images,
+		Images:    imgs.images,
 		Known:     func(ctx context.Context, id string) (bool, error) { return fleet.Known(ctx, st, id) },
 		Usage:     ids.Usage,
 		Refresh:   cfg.Refresh,
@@ -162,38 +149,27 @@ func APIServer(ctx context.Context, cfg APIServerConfig) error {
 	}
 	go router.Run(wctx)
 
-	collector := newLayerCollector(images, router.LiveLayers, nil, log)
+	collector := newLayerCollector(imgs.images, router.LiveLayers, nil, log)
 	go collector.run(ctx)
 	exportDir := filepath.Join(dir, "export")
-	srvAPI := apiserver.New(apiserver.Config{
-		Cluster:        router,
-		Images:         images,
-		Layers:         images,
-		CollectGarbage: collector.kick,
-		OCI: &oci.Service{
-			Importer: oci.Importer{Store: images, WorkDir: filepath.Join(dir, "tmp", "oci"), Limits: oci.DefaultLimits},
-			Layers: oci.NodeLayers{
-				Cache:  image.NewCache(filepath.Join(exportDir, "cache"), blobs),
-				Mounts: image.NewMounts(filepath.Join(exportDir, "layers")),
-			},
-		},
-		Tokens:        ids.IAM,
-		IAM:           ids.IAM,
-		Idempotency:   ids.Idempotency,
-		Usage:         ids.Usage,
-		Registrations: st,
-		NodeTokens:    nodeapi.Secret(nodeToken),
-		Log:           log,
-	})
+	acfg := imgs.serverConfig(oci.NodeLayers{
+		Cache:  image.NewCache(filepath.Join(exportDir, "cache"), imgs.blobs),
+		Mounts: image.NewMounts(filepath.Join(exportDir, "layers")),
+	}, collector, ids, log)
+	acfg.Cluster = router
+	acfg.Registrations = st
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	httpSrv := startHTTP(ln, srvAPI)
+	httpSrv := startHTTP(ln, apiserver.New(acfg))
 	attrs := []any{"addr", ln.Addr().String(), "etcd", strings.Join(cfg.Etcd, ","), "data_dir", dir,
-		"nodes", len(watcher.Snapshot()), "startup", time.Since(start).Round(time.Millisecond)}
+		"blobs", blobsOf(cfg.Blobs, dir), "nodes", len(watcher.Snapshot()), "startup", time.Since(start).Round(time.Millisecond)}
 	if admin != "" {
 		attrs = append(attrs, "admin_token_file", filepath.Join(dir, AdminTokenFile))
+	}
+	if mintedNodeToken {
+		attrs = append(attrs, "node_token_file", nodeTokenFile)
 	}
 	log.Info("warren apiserver is up", attrs...)
 	if cfg.Ready != nil {
@@ -202,23 +178,40 @@ func APIServer(ctx context.Context, cfg APIServerConfig) error {
 	return httpSrv.wait(ctx)
 }
 
-// clusterSecret returns the secret under key, creating a random one if
-// there is none yet (the first apiserver of a cluster does).
-func clusterSecret(ctx context.Context, st store.Store, key string) (string, error) {
-	for range 3 {
-		kv, err := st.Get(ctx, key)
-		if err == nil {
-			return strings.TrimSpace(string(kv.Value)), nil
-		}
-		if !errors.Is(err, errdefs.ErrNotFound) {
-			return "", err
-		}
-		err = st.Create(ctx, key, []byte(randomHex(32)))
-		if err != nil && !errors.Is(err, errdefs.ErrConflict) {
-			return "", err
-		}
+// bootstrapNodeToken mints a node token and writes it to file, once per
+// cluster: the apiserver that wins the create of the bootstrap key does
+// (the first of a fresh cluster), so that a cluster can be joined without
+// first running `warren token create --role node`. It is a plain IAM
+// token: revoking it takes effect, and no restart brings it back. A file
+// that exists is left as it is. It reports whether it minted the token.
+func bootstrapNodeToken(ctx context.Context, st store.Store, m *iam.IAM, file string) (bool, error) {
+	if _, err := os.Stat(file); err == nil {
+		return false, nil
+	} else if !os.IsNotExist(err) {
+		return false, err
 	}
-	return "", errdefs.New(errdefs.ErrConflict, "", "cluster secret %s changed concurrently", key)
+	host, _ := os.Hostname()
+	mark := fmt.Sprintf(`{"host":%q,"file":%q,"at":%q}`, host, file, time.Now().UTC().Format(time.RFC3339))
+	err := st.Create(ctx, nodeBootstrapKey, []byte(mark))
+	if errors.Is(err, errdefs.ErrConflict) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	_, secret, err := m.CreateToken(ctx, iam.SystemPrincipal(), iam.TokenSpec{
+		Project: "", Role: iam.RoleNode, Name: "bootstrap-node",
+		Description: "node token the first apiserver wrote to " + file,
+	})
+	if err == nil {
+		err = writeSecret(file, secret)
+	}
+	if err != nil {
+		// Let the next apiserver start try again.
+		st.Delete(context.WithoutCancel(ctx), nodeBootstrapKey)
+		return false, err
+	}
+	return true, nil
 }
 
 // bootstrapAdmin returns the admin secret this apiserver registers at

@@ -5,8 +5,10 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/store"
 )
 
@@ -35,15 +37,40 @@ func TestBootstrapAdminOnce(t *testing.T) {
 	}
 }
 
-func TestClusterSecretShared(t *testing.T) {
+func TestBootstrapNodeTokenOnce(t *testing.T) {
 	ctx := context.Background()
 	st := store.Memory()
-	a, err := clusterSecret(ctx, st, nodeTokenKey)
-	if err != nil || a == "" {
-		t.Fatal(a, err)
+	m := iam.New(st, iam.Options{})
+	first := filepath.Join(t.TempDir(), NodeTokenFile)
+	second := filepath.Join(t.TempDir(), NodeTokenFile)
+
+	if minted, err := bootstrapNodeToken(ctx, st, m, first); err != nil || !minted {
+		t.Fatalf("first apiserver: minted %v, %v", minted, err)
 	}
-	if b, err := clusterSecret(ctx, st, nodeTokenKey); err != nil || b != a {
-		t.Errorf("second read: %q, %v; want %q", b, err, a)
+	b, err := os.ReadFile(first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := strings.TrimSpace(string(b))
+	p, err := m.Authenticate(ctx, secret)
+	if err != nil || p.Role != iam.RoleNode || p.Project != "" {
+		t.Fatalf("the node-token file's token: %+v, %v; want a root node token", p, err)
+	}
+	if minted, err := bootstrapNodeToken(ctx, st, m, second); err != nil || minted {
+		t.Errorf("second apiserver: minted %v, %v; want no token", minted, err)
+	}
+	if _, err := os.Stat(second); !os.IsNotExist(err) {
+		t.Errorf("second apiserver wrote a node token file")
+	}
+	// A restart keeps the file, and does not bring a revoked token back.
+	if err := m.RevokeToken(ctx, iam.SystemPrincipal(), p.TokenID); err != nil {
+		t.Fatal(err)
+	}
+	if minted, err := bootstrapNodeToken(ctx, st, m, first); err != nil || minted {
+		t.Errorf("restart: minted %v, %v; want the file kept", minted, err)
+	}
+	if _, err := m.Authenticate(ctx, secret); err == nil {
+		t.Errorf("a revoked bootstrap node token authenticates after a restart")
 	}
 }
 

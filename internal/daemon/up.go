@@ -1,6 +1,7 @@
 // Package daemon assembles warren's server roles from their parts. Up is the
 // embedded default: apiserver, node agent, an embedded etcd member and a
-// directory blob store in one process, all state under one data directory;
+// blob store (a directory, unless told otherwise) in one process, all state
+// under one data directory;
 // its apiserver serves its in-process node directly (apiserver.SingleNode).
 // APIServer and Agent are the roles of a cluster: stateless apiserver
 // replicas over etcd that place and route through a fleet watcher
@@ -23,7 +24,6 @@ import (
 	"github.com/warrenhq/warren/internal/apiserver"
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/backend/container"
-	"github.com/warrenhq/warren/internal/blob"
 	"github.com/warrenhq/warren/internal/image"
 	"github.com/warrenhq/warren/internal/image/oci"
 	"github.com/warrenhq/warren/internal/node"
@@ -34,8 +34,11 @@ import (
 type UpConfig struct {
 	DataDir string // all state lives here
 	Listen  string // API address, e.g. 127.0.0.1:7443
-	Limits  node.Limits
-	Log     *slog.Logger
+	// Blobs is the blob store (blob.Open: a directory or
+	// s3://bucket/prefix). Default <DataDir>/blobs.
+	Blobs  string
+	Limits node.Limits
+	Log    *slog.Logger
 	// Ready, if set, is called once the API serves, with its address.
 	Ready func(addr string)
 }
@@ -73,14 +76,9 @@ func Up(ctx context.Context, cfg UpConfig) error {
 	defer etcd.Close()
 	st := etcd.Store()
 
-	blobs, err := blob.NewDir(filepath.Join(dir, "blobs"))
+	imgs, err := openImages(ctx, st, dir, cfg.Blobs, log) // images.go
 	if err != nil {
 		return err
-	}
-	images := image.NewRegistry(st, blobs, image.WithWorkDir(filepath.Join(dir, "tmp")), image.WithLogger(log))
-	if _, err := images.EnsureBusybox(ctx, filepath.Join(dir, "tmp")); err != nil {
-		// Not fatal: other images may still work; creates say what is missing.
-		log.Error("busybox image unavailable", "err", err)
 	}
 
 	nodeID, err := loadOrCreate(filepath.Join(dir, "node-id"), func() string { return "n" + randomHex(4) })
@@ -98,12 +96,12 @@ func Up(ctx context.Context, cfg UpConfig) error {
 	if err != nil {
 		return err
 	}
-	cache := image.NewCache(filepath.Join(nodeDir, "cache"), blobs)
+	cache := image.NewCache(filepath.Join(nodeDir, "cache"), imgs.blobs)
 	agent, err := node.New(ctx, node.Config{
 		ID:       nodeID,
 		StateDir: filepath.Join(nodeDir, "sandboxes"),
 		Backends: []backend.Backend{ctr},
-		Images:   images,
+		Images:   imgs.images,
 		Layers:   cache,
 		Limits:   cfg.Limits,
 		Log:      log,
@@ -125,29 +123,16 @@ func Up(ctx context.Context, cfg UpConfig) error {
 		return err
 	}
 	go ids.Usage.Follow(ctx, agent, usageResync)
-	collector := newCollector(images, agent, cache, log)
+	collector := newCollector(imgs.images, agent, cache, log)
 	go collector.run(ctx)
-	api := apiserver.New(apiserver.Config{
-		Node:           agent,
-		Images:         images,
-		Layers:         images,
-		CollectGarbage: collector.kick,
-		OCI: &oci.Service{
-			Importer: oci.Importer{Store: images, WorkDir: filepath.Join(dir, "tmp", "oci"), Limits: oci.DefaultLimits},
-			Layers:   oci.NodeLayers{Cache: cache, Mounts: mounts},
-		},
-		Tokens:      ids.IAM,
-		IAM:         ids.IAM,
-		Idempotency: ids.Idempotency,
-		Usage:       ids.Usage,
-		Log:         log,
-	})
+	acfg := imgs.serverConfig(oci.NodeLayers{Cache: cache, Mounts: mounts}, collector, ids, log)
+	acfg.Node = agent
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	httpSrv := startHTTP(ln, api)
-	log.Info("warren is up", "addr", ln.Addr().String(), "node", nodeID, "data_dir", dir,
+	httpSrv := startHTTP(ln, apiserver.New(acfg))
+	log.Info("warren is up", "addr", ln.Addr().String(), "node", nodeID, "data_dir", dir, "blobs", blobsOf(cfg.Blobs, dir),
 		"admin_token_file", filepath.Join(dir, AdminTokenFile), "startup", time.Since(start).Round(time.Millisecond))
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr().String())

@@ -3,7 +3,9 @@
 // still answer.
 //
 // Nodes register themselves under Prefix with a lease they keep alive
-// (Registrar); a node that stops renewing it drops out. Each apiserver runs a
+// (Registrar); a node that stops renewing it drops out. A registration
+// carries the secret the node's API accepts, so that each node has its own
+// and an apiserver presents the right one (Registration). Each apiserver runs a
 // Watcher that follows the registrations through a store watch and polls
 // every node's status with a bounded pool of workers, so it holds no state of
 // its own: a restarted apiserver rebuilds the whole view from registrations
@@ -53,6 +55,9 @@ type NodeView struct {
 	// Unreachable: the node missed MaxMissed polls in a row. Its sandboxes
 	// are lost.
 	Unreachable bool
+	// Secret is the node API's secret, as registered (Registration): for
+	// calling the node only, never to be shown.
+	Secret string `json:"-"`
 
 	e *entry
 }
@@ -104,6 +109,7 @@ type entry struct {
 
 	mu       sync.Mutex
 	reg      api.Node // as registered
+	secret   string   // as registered
 	status   api.Node // the last answer to a poll
 	polled   bool
 	missed   int
@@ -182,8 +188,9 @@ func (e *entry) view(maxMissed int) NodeView {
 		n.Usage = e.status.Usage
 		n.Problems = e.status.Problems
 		n.UpdatedAt = e.status.UpdatedAt
+		n.FnRuntimes = e.status.FnRuntimes
 	}
-	v := NodeView{Node: n, Polled: e.polled, Missed: e.missed, LastPoll: e.lastPoll, e: e}
+	v := NodeView{Node: n, Polled: e.polled, Missed: e.missed, LastPoll: e.lastPoll, Secret: e.secret, e: e}
 	v.Unreachable = maxMissed > 0 && e.missed >= maxMissed
 	v.Healthy = e.polled && !v.Unreachable && e.status.Healthy
 	return v

@@ -2,9 +2,11 @@ package fleet_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,17 +23,19 @@ type fakeSource struct {
 	down, hang  map[string]bool
 	usage       map[string]api.Capacity
 	calls       map[string]int
+	secrets     map[string]string // the secret each node was last polled with
 	inflight    int
 	maxInflight int
 }
 
 func newSource() *fakeSource {
-	return &fakeSource{down: map[string]bool{}, hang: map[string]bool{}, usage: map[string]api.Capacity{}, calls: map[string]int{}}
+	return &fakeSource{down: map[string]bool{}, hang: map[string]bool{}, usage: map[string]api.Capacity{}, calls: map[string]int{}, secrets: map[string]string{}}
 }
 
-func (s *fakeSource) Status(ctx context.Context, n api.Node) (api.Node, error) {
+func (s *fakeSource) Status(ctx context.Context, n fleet.Registration) (api.Node, error) {
 	s.mu.Lock()
 	s.calls[n.ID]++
+	s.secrets[n.ID] = n.Secret
 	s.inflight++
 	s.maxInflight = max(s.maxInflight, s.inflight)
 	down, hang, usage := s.down[n.ID], s.hang[n.ID], s.usage[n.ID]
@@ -74,12 +78,17 @@ func memStore(t *testing.T) store.Watcher {
 	return s
 }
 
-// register runs a Registrar for node id until the test ends or the
-// returned cancel is called.
+// register runs a Registrar for node id, with secret "secret-<id>", until
+// the test ends or the returned cancel is called.
 func register(t *testing.T, st store.Watcher, id string, ttl time.Duration) (*fleet.Registrar, context.CancelFunc) {
 	t.Helper()
+	return registerSecret(t, st, id, "secret-"+id, ttl)
+}
+
+func registerSecret(t *testing.T, st store.Watcher, id, secret string, ttl time.Duration) (*fleet.Registrar, context.CancelFunc) {
+	t.Helper()
 	r, err := fleet.NewRegistrar(fleet.RegistrarConfig{
-		Store: st, TTL: ttl,
+		Store: st, TTL: ttl, Secret: secret,
 		Node: api.Node{ID: id, Address: "http://" + id + ":7000", Labels: map[string]string{"rack": "r1"},
 			Backends: []string{api.BackendContainer}, Capacity: nodeCapacity},
 	})
@@ -275,6 +284,74 @@ func TestRegistrarDeregister(t *testing.T) {
 	}
 	if _, err := st.Get(context.Background(), fleet.Key("a")); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("registration after Deregister: got %v, want ErrNotFound", err)
+	}
+}
+
+// TestRegistrationSecret: each node's secret goes from its registration to
+// the polls of that node and to its view, and a new registration (an agent
+// restarted with a fresh secret) replaces it.
+func TestRegistrationSecret(t *testing.T) {
+	st := memStore(t)
+	src := newSource()
+	register(t, st, "a", time.Second)
+	_, stopB := register(t, st, "b", time.Second)
+	w, _ := start(t, fleet.Config{Store: st, Source: src})
+	for _, id := range []string{"a", "b"} {
+		v, _ := w.Node(id)
+		src.mu.Lock()
+		polled := src.secrets[id]
+		src.mu.Unlock()
+		if v.Secret != "secret-"+id || polled != "secret-"+id {
+			t.Errorf("node %s: view secret %q, polled with %q; want %q", id, v.Secret, polled, "secret-"+id)
+		}
+	}
+	stopB()
+	registerSecret(t, st, "b", "fresh", time.Second)
+	waitFor(t, "b's new secret in its polls", 5*time.Second, func() bool {
+		v, _ := w.Node("b")
+		src.mu.Lock()
+		defer src.mu.Unlock()
+		return v.Secret == "fresh" && src.secrets["b"] == "fresh"
+	})
+	// The stored registration holds the secret; the node's fields stay
+	// where api.Node has them.
+	kv, err := st.Get(context.Background(), fleet.Key("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reg fleet.Registration
+	if err := json.Unmarshal(kv.Value, &reg); err != nil || reg.Secret != "secret-a" || reg.ID != "a" || reg.Address == "" {
+		t.Errorf("stored registration %s: %+v, %v", kv.Value, reg, err)
+	}
+}
+
+// refusingLeaser is a registration endpoint that refuses the node's
+// credentials, as an apiserver does a revoked node token.
+type refusingLeaser struct {
+	store.Watcher
+	puts atomic.Int32
+}
+
+func (l *refusingLeaser) PutWithLease(context.Context, string, []byte, time.Duration) (store.LeaseID, error) {
+	l.puts.Add(1)
+	return 0, errdefs.New(errdefs.ErrUnauthenticated, api.CodeUnauthenticated, "invalid token")
+}
+
+func TestRegistrarStopsWhenRefused(t *testing.T) {
+	l := &refusingLeaser{Watcher: memStore(t)}
+	r, err := fleet.NewRegistrar(fleet.RegistrarConfig{Store: l, TTL: time.Second, Node: api.Node{ID: "a", Address: "a:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(context.Background()) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, errdefs.ErrUnauthenticated) || l.puts.Load() != 1 {
+			t.Errorf("Run: %v after %d tries, want ErrUnauthenticated after 1", err, l.puts.Load())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run still retrying a refused registration after 5s")
 	}
 }
 

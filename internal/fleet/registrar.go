@@ -38,10 +38,24 @@ type RegistrarConfig struct {
 	// onprem), Labels, Backends and Capacity. Usage and health are not
 	// registered: the fleet polls them.
 	Node api.Node
+	// Secret is the bearer token the node's API accepts (Registration).
+	Secret string
 	// TTL of the registration's lease (default DefaultTTL); it is renewed
 	// every TTL/3.
 	TTL time.Duration
 	Log *slog.Logger
+}
+
+// Registration is what a node keeps under Key(id): the fields of api.Node
+// a registration holds (id, address, pool, labels, backends, capacity) and
+// the node API's secret.
+type Registration struct {
+	api.Node
+	// Secret is the bearer token the node's API accepts, and the only one:
+	// its agent draws a fresh one at every start, and apiservers present
+	// it when they call the node. It lives in the store (etcd, which only
+	// apiservers and agents reach); no API shows it.
+	Secret string `json:"secret,omitempty"`
 }
 
 // Registrar keeps one node registered under Key(id) with a lease it renews,
@@ -75,7 +89,10 @@ func NewRegistrar(cfg RegistrarConfig) (*Registrar, error) {
 	if n.Pool != api.PoolOnPrem && n.Pool != api.PoolCloud {
 		return nil, errdefs.Invalid("fleet: node pool %q: want %s or %s", n.Pool, api.PoolOnPrem, api.PoolCloud)
 	}
-	reg := api.Node{ID: n.ID, Address: n.Address, Pool: n.Pool, Labels: n.Labels, Backends: n.Backends, Capacity: n.Capacity}
+	reg := Registration{
+		Node:   api.Node{ID: n.ID, Address: n.Address, Pool: n.Pool, Labels: n.Labels, Backends: n.Backends, Capacity: n.Capacity},
+		Secret: cfg.Secret,
+	}
 	value, err := json.Marshal(reg)
 	if err != nil {
 		return nil, err
@@ -88,6 +105,10 @@ func NewRegistrar(cfg RegistrarConfig) (*Registrar, error) {
 // leaves the registration to expire rather than deleting it: an agent that
 // restarts within the TTL keeps its sandboxes from being reported lost.
 // Deregister removes it at once.
+//
+// A store that refuses the node's credentials (ErrUnauthenticated or
+// ErrForbidden: a node token revoked, or never valid) ends Run with that
+// error, since trying again cannot help; the registration then expires.
 func (r *Registrar) Run(ctx context.Context) error {
 	every := r.cfg.TTL / 3
 	backoff := every / 10
@@ -103,6 +124,10 @@ func (r *Registrar) Run(ctx context.Context) error {
 		cancel()
 		if ctx.Err() != nil {
 			return nil
+		}
+		if refused(err) {
+			r.log.Error("node registration refused", "err", err)
+			return err
 		}
 		if err != nil {
 			r.log.Warn("node registration failed; retrying", "err", err, "after", backoff)
@@ -147,6 +172,10 @@ func (r *Registrar) keepAlive(ctx context.Context, id store.LeaseID, every time.
 		case errors.Is(err, errdefs.ErrNotFound):
 			r.log.Warn("node registration lease lost; registering again")
 			return
+		case refused(err):
+			// Register again at once, which says whether it is for good.
+			r.log.Warn("node registration renewal refused", "err", err)
+			return
 		case time.Since(lastOK) > r.cfg.TTL:
 			// Not renewed for a whole TTL: the lease is gone, or soon will be.
 			r.log.Warn("node registration not renewed for a TTL; registering again", "err", err)
@@ -155,6 +184,12 @@ func (r *Registrar) keepAlive(ctx context.Context, id store.LeaseID, every time.
 			r.log.Warn("node registration renewal failed", "err", err)
 		}
 	}
+}
+
+// refused reports an error that says the node's credentials are not
+// accepted.
+func refused(err error) bool {
+	return errors.Is(err, errdefs.ErrUnauthenticated) || errors.Is(err, errdefs.ErrForbidden)
 }
 
 // Lease returns the lease of the current registration, 0 before the first.

@@ -18,10 +18,11 @@ import (
 )
 
 // StatusSource asks a node for its status; the apiserver implements it
-// over the node HTTP API. Status must return when ctx is done: the watcher
-// gives each poll a deadline and a fixed number of workers.
+// over the node HTTP API, presenting the registration's secret. Status
+// must return when ctx is done: the watcher gives each poll a deadline and
+// a fixed number of workers.
 type StatusSource interface {
-	Status(ctx context.Context, node api.Node) (api.Node, error)
+	Status(ctx context.Context, node Registration) (api.Node, error)
 }
 
 // Config builds a Watcher. Zero fields take the defaults.
@@ -156,7 +157,7 @@ func (w *Watcher) follow(ctx context.Context) {
 // consume applies one watch until it ends; it reports whether the watch got
 // as far as its snapshot.
 func (w *Watcher) consume(ch <-chan store.Event) (synced bool) {
-	fresh := map[string]api.Node{}
+	fresh := map[string]Registration{}
 	for ev := range ch {
 		switch ev.Type {
 		case store.EventSynced:
@@ -182,12 +183,12 @@ func (w *Watcher) consume(ch <-chan store.Event) (synced bool) {
 
 // decode reads a registration. The key names the node, whatever the value
 // says; usage and health come from polls only.
-func (w *Watcher) decode(kv store.KV) (api.Node, bool) {
+func (w *Watcher) decode(kv store.KV) (Registration, bool) {
 	id := strings.TrimPrefix(kv.Key, Prefix)
-	var n api.Node
+	var n Registration
 	if err := json.Unmarshal(kv.Value, &n); err != nil || !validID(id) {
 		w.log.Warn("node registrations: ignoring a malformed one", "key", kv.Key, "err", err)
-		return api.Node{}, false
+		return Registration{}, false
 	}
 	n.ID = id
 	n.Usage, n.Healthy = api.Capacity{}, false
@@ -196,7 +197,7 @@ func (w *Watcher) decode(kv store.KV) (api.Node, bool) {
 
 // replace makes the entries exactly the registrations of a new snapshot,
 // keeping the poll state of nodes that stay.
-func (w *Watcher) replace(regs map[string]api.Node) {
+func (w *Watcher) replace(regs map[string]Registration) {
 	w.mu.Lock()
 	for id := range w.entries {
 		if _, ok := regs[id]; !ok {
@@ -214,7 +215,7 @@ func (w *Watcher) replace(regs map[string]api.Node) {
 	w.checkReady()
 }
 
-func (w *Watcher) upsert(n api.Node) {
+func (w *Watcher) upsert(n Registration) {
 	w.mu.Lock()
 	w.upsertLocked(n)
 	w.publishLocked()
@@ -222,15 +223,15 @@ func (w *Watcher) upsert(n api.Node) {
 	w.signal()
 }
 
-func (w *Watcher) upsertLocked(n api.Node) {
+func (w *Watcher) upsertLocked(n Registration) {
 	e := w.entries[n.ID]
 	if e == nil {
-		w.entries[n.ID] = &entry{id: n.ID, reg: n}
+		w.entries[n.ID] = &entry{id: n.ID, reg: n.Node, secret: n.Secret}
 		w.log.Info("node registered", "node", n.ID, "address", n.Address, "pool", n.Pool)
 		return
 	}
 	e.mu.Lock()
-	e.reg = n
+	e.reg, e.secret = n.Node, n.Secret
 	e.mu.Unlock()
 }
 
@@ -308,7 +309,7 @@ func (w *Watcher) work(ctx context.Context) {
 func (w *Watcher) poll(ctx context.Context, e *entry) {
 	e.mu.Lock()
 	e.seq++
-	seq, reg := e.seq, e.reg
+	seq, reg := e.seq, Registration{Node: e.reg, Secret: e.secret}
 	e.mu.Unlock()
 
 	start := time.Now()

@@ -89,10 +89,15 @@ type Agent struct {
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
 	inflight  int
-	reserved  usage // resources of live sandboxes and creates in flight
+	reserved  usage     // resources of live sandboxes and creates in flight
+	changes   changeLog // what Changes tells (changes.go); its tombstones under mu
 
 	stop chan struct{}
-	wg   sync.WaitGroup
+	// closing is canceled by Close: what runs for the agent's lifetime
+	// derives from it.
+	closing context.Context
+	close   context.CancelFunc
+	wg      sync.WaitGroup
 }
 
 type usage struct {
@@ -126,8 +131,10 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		backends:  map[string]backend.Backend{},
 		log:       cfg.Log.With("node", cfg.ID),
 		sandboxes: map[string]*sandbox{},
+		changes:   newChangeLog(),
 		stop:      make(chan struct{}),
 	}
+	a.closing, a.close = context.WithCancel(context.Background())
 	for _, b := range cfg.Backends {
 		if err := b.Available(ctx); err != nil {
 			// A missing host feature disables one backend, not the node.
@@ -220,6 +227,7 @@ func (a *Agent) Close() error {
 	default:
 		close(a.stop)
 	}
+	a.close()
 	a.wg.Wait()
 	return nil
 }

@@ -23,8 +23,11 @@ type sandbox struct {
 	backend backend.Backend
 	spec    backend.Spec
 
+	log *changeLog // the agent's
+
 	mu       sync.Mutex
 	view     api.Sandbox // State, Reason and LastUsedAt change; the rest is fixed
+	rev      uint64      // of the view's last change (changes.go)
 	deleting bool
 	cancel   context.CancelFunc // stops the watcher
 }
@@ -42,12 +45,14 @@ func (s *sandbox) snapshot() api.Sandbox {
 func (s *sandbox) touch() {
 	s.mu.Lock()
 	s.view.LastUsedAt = time.Now().UTC()
+	s.changed()
 	s.mu.Unlock()
 }
 
 func (s *sandbox) setState(state, reason string) {
 	s.mu.Lock()
 	s.view.State, s.view.Reason = state, reason
+	s.changed()
 	s.mu.Unlock()
 }
 
@@ -295,8 +300,9 @@ func (a *Agent) create(ctx context.Context, b backend.Backend, req api.CreateSan
 	if err := a.writeRecord(record{Sandbox: view, Spec: spec}); err != nil {
 		return fail(err)
 	}
-	s := &sandbox{backend: b, spec: spec, view: view}
+	s := &sandbox{backend: b, spec: spec, view: view, log: &a.changes}
 	a.mu.Lock()
+	s.rev = a.changes.next()
 	a.sandboxes[id] = s
 	a.mu.Unlock()
 	a.watch(s)
@@ -317,20 +323,16 @@ func envList(m map[string]string) []string {
 
 // watch waits for the sandbox's init to exit on its own and marks it failed.
 func (a *Agent) watch(s *sandbox) {
-	ctx, cancel := context.WithCancel(context.Background())
+	// One goroutine per sandbox, ended by a delete (cancel) or by Close
+	// (closing, the parent).
+	ctx, cancel := context.WithCancel(a.closing)
 	s.mu.Lock()
 	s.cancel = cancel
 	s.mu.Unlock()
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
-		go func() {
-			select {
-			case <-a.stop:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
+		defer cancel()
 		st, err := s.backend.Wait(ctx, s.spec.ID)
 		if ctx.Err() != nil {
 			return // deleted, or the agent is closing
@@ -419,6 +421,7 @@ func (a *Agent) Delete(ctx context.Context, id string) error {
 	}
 	s.deleting = true
 	s.view.State = api.StateStopping
+	s.changed()
 	cancel := s.cancel
 	s.mu.Unlock()
 	if cancel != nil {
@@ -431,6 +434,7 @@ func (a *Agent) Delete(ctx context.Context, id string) error {
 		s.mu.Lock()
 		s.deleting = false
 		s.view.State, s.view.Reason = api.StateFailed, "delete failed: "+err.Error()
+		s.changed()
 		s.mu.Unlock()
 		return fmt.Errorf("destroy %s: %w", id, err)
 	}
@@ -438,6 +442,7 @@ func (a *Agent) Delete(ctx context.Context, id string) error {
 	a.mu.Lock()
 	if a.sandboxes[id] == s {
 		delete(a.sandboxes, id)
+		a.changes.buried(id)
 		a.reserved.add(s.view.Resources, -1)
 	}
 	a.mu.Unlock()

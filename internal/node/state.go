@@ -156,11 +156,12 @@ func (a *Agent) keep(b backend.Backend, r record) *sandbox {
 			r.Sandbox.Layers = append(r.Sandbox.Layers, l.Digest)
 		}
 	}
-	s := &sandbox{backend: b, spec: r.Spec, view: r.Sandbox}
+	s := &sandbox{backend: b, spec: r.Spec, view: r.Sandbox, log: &a.changes}
 	if b == nil {
 		s.backend = lostBackend{name: r.Sandbox.Backend}
 	}
 	a.mu.Lock()
+	s.rev = a.changes.next()
 	a.sandboxes[r.Sandbox.ID] = s
 	a.reserved.add(r.Sandbox.Resources, 1)
 	a.mu.Unlock()

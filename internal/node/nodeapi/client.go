@@ -51,11 +51,14 @@ type Client struct {
 	base  string // http://host:port
 	token string
 	hc    *http.Client
+	// apiserver: the peer is an apiserver (Registrations), whose 401
+	// means what it says.
+	apiserver bool
 }
 
 // NewClient returns a client of node id at addr ("host:port" or an
-// http(s) URL), presenting token. A nil hc uses a client over
-// NewTransport.
+// http(s) URL), presenting token: the node's secret. A nil hc uses a
+// client over NewTransport.
 func NewClient(id, addr, token string, hc *http.Client) *Client {
 	if hc == nil {
 		hc = &http.Client{Transport: NewTransport()}
@@ -97,9 +100,24 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, cont
 	}
 	if resp.StatusCode/100 != 2 {
 		defer resp.Body.Close()
+		if resp.StatusCode == http.StatusUnauthorized && !c.apiserver {
+			return nil, c.refused(httperr.Read(resp))
+		}
 		return nil, httperr.Read(resp)
 	}
 	return resp, nil
+}
+
+// refused classifies a node's 401: the node does not take the secret this
+// apiserver has for it, most likely because it restarted with a new one
+// that the fleet view has not caught up with yet. That is the node being
+// unreachable for now, not the caller's credentials failing, and the node
+// did nothing: a create may go to another node.
+func (c *Client) refused(err error) error {
+	return notSentError{&errdefs.Error{
+		Kind: errdefs.ErrUnavailable, Code: api.CodeNodeUnreachable, RetryAfter: time.Second,
+		Msg: fmt.Sprintf("node %s at %s refused its node secret (restarted, and not registered again yet?): %v", c.id, c.base, err),
+	}}
 }
 
 // transportErr classifies a call that got no answer. The caller's own
@@ -127,8 +145,9 @@ func (e notSentError) Error() string { return e.err.Error() }
 func (e notSentError) Unwrap() error { return e.err }
 
 // NotSent reports whether err is a call that never reached its node (the
-// connection could not be made), so that a create may safely be tried on
-// another node: the node cannot have created anything.
+// connection could not be made) or that the node refused unread (a stale
+// node secret), so that a create may safely be tried on another node: the
+// node cannot have created anything.
 func NotSent(err error) bool {
 	var ns notSentError
 	return errors.As(err, &ns)
@@ -163,11 +182,33 @@ func (c *Client) doJSON(ctx context.Context, method, path string, q url.Values, 
 		io.Copy(io.Discard, resp.Body)
 		return nil
 	}
-	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+	// Read whole, then decode: json.Unmarshal over the bytes costs about
+	// half of a json.Decoder over the body (which grows its own buffer
+	// and scans twice) on a create's answer.
+	buf := answerBufs.Get().(*bytes.Buffer)
+	defer func() {
+		if buf.Cap() <= maxPooledAnswer {
+			answerBufs.Put(buf)
+		}
+	}()
+	buf.Reset()
+	if resp.ContentLength > 0 && resp.ContentLength <= maxPooledAnswer {
+		buf.Grow(int(resp.ContentLength))
+	}
+	if _, err := buf.ReadFrom(resp.Body); err != nil {
+		return c.transportErr(ctx, fmt.Errorf("read answer: %w", err))
+	}
+	if err := json.Unmarshal(buf.Bytes(), out); err != nil {
 		return c.transportErr(ctx, fmt.Errorf("decode answer: %w", err))
 	}
 	return nil
 }
+
+// answerBufs holds buffers for answers; ones grown past maxPooledAnswer
+// (a long list) are left to the GC.
+var answerBufs = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+const maxPooledAnswer = 64 << 10
 
 func sandboxPath(id, suffix string) string {
 	return "/v1/sandboxes/" + url.PathEscape(id) + suffix
@@ -354,35 +395,35 @@ func (c *Client) download(ctx context.Context, id string, q url.Values, w io.Wri
 	return nil
 }
 
-// Clients keeps one Client per node over a shared transport, all
-// presenting the same token, and polls them for the fleet watcher. It is
-// safe for concurrent use.
+// Clients keeps one Client per node over a shared transport, each
+// presenting its own node's secret (fleet.Registration), and polls them for
+// the fleet watcher. It is safe for concurrent use.
 type Clients struct {
-	token string
-	hc    *http.Client
+	hc *http.Client
 
 	mu sync.Mutex
 	m  map[string]*Client
 }
 
-// NewClients returns an empty set of clients presenting token. A nil hc
-// uses a client over NewTransport.
-func NewClients(token string, hc *http.Client) *Clients {
+// NewClients returns an empty set of clients. A nil hc uses a client over
+// NewTransport.
+func NewClients(hc *http.Client) *Clients {
 	if hc == nil {
 		hc = &http.Client{Transport: NewTransport()}
 	}
-	return &Clients{token: token, hc: hc, m: map[string]*Client{}}
+	return &Clients{hc: hc, m: map[string]*Client{}}
 }
 
-// Node returns the client of node id at addr, made on first use and
-// remade when the node's address changes.
-func (cs *Clients) Node(id, addr string) *Client {
+// Node returns the client of node id at addr presenting secret, made on
+// first use and remade when the node's address or secret changes (it
+// registered again).
+func (cs *Clients) Node(id, addr, secret string) *Client {
 	base := baseURL(addr)
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	c := cs.m[id]
-	if c == nil || c.base != base {
-		c = &Client{id: id, base: base, token: cs.token, hc: cs.hc}
+	if c == nil || c.base != base || c.token != secret {
+		c = &Client{id: id, base: base, token: secret, hc: cs.hc}
 		cs.m[id] = c
 	}
 	return c
@@ -395,12 +436,13 @@ func (cs *Clients) Forget(id string) {
 	cs.mu.Unlock()
 }
 
-// Status implements fleet.StatusSource: it polls the node at n.Address.
-func (cs *Clients) Status(ctx context.Context, n api.Node) (api.Node, error) {
+// Status implements fleet.StatusSource: it polls the node at n.Address
+// with n.Secret.
+func (cs *Clients) Status(ctx context.Context, n fleet.Registration) (api.Node, error) {
 	if n.Address == "" {
 		return api.Node{}, errdefs.Unavailable("node %s registered no address", n.ID)
 	}
-	return cs.Node(n.ID, n.Address).Status(ctx)
+	return cs.Node(n.ID, n.Address, n.Secret).Status(ctx)
 }
 
 var _ fleet.StatusSource = (*Clients)(nil)

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -234,9 +235,19 @@ func TestRefusalKeepsRetryAfter(t *testing.T) {
 func TestAuth(t *testing.T) {
 	_, agent, srv := serve(t, nil)
 	for _, tok := range []string{"", "wrong"} {
+		req, _ := http.NewRequest("GET", srv.URL+"/v1/status", nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Errorf("token %q: %d, want 401", tok, resp.StatusCode)
+		}
 		c := nodeapi.NewClient(agent.ID(), srv.URL, tok, nil)
-		if _, err := c.Status(context.Background()); !errors.Is(err, errdefs.ErrUnauthenticated) {
-			t.Errorf("token %q: %v, want ErrUnauthenticated", tok, err)
+		if _, err := c.Status(context.Background()); !errors.Is(err, errdefs.ErrUnavailable) || !nodeapi.NotSent(err) {
+			t.Errorf("client with token %q: %v, want ErrUnavailable, not sent", tok, err)
 		}
 	}
 	resp, err := http.Get(srv.URL + "/healthz")
@@ -264,16 +275,14 @@ func TestUnreachable(t *testing.T) {
 }
 
 func TestClientsPollStatus(t *testing.T) {
-	var srvs []*httptest.Server
-	var nodes []api.Node
+	var nodes []fleet.Registration
 	for _, id := range []string{"a1", "b2"} {
 		agent := nodetest.New(t, func(c *node.Config) { c.ID = id })
-		srv := httptest.NewServer(nodeapi.NewServer(agent, nodeapi.Secret(token), quiet))
+		srv := httptest.NewServer(nodeapi.NewServer(agent, nodeapi.Secret("secret-"+id), quiet))
 		t.Cleanup(srv.Close)
-		srvs = append(srvs, srv)
-		nodes = append(nodes, api.Node{ID: id, Address: strings.TrimPrefix(srv.URL, "http://")})
+		nodes = append(nodes, fleet.Registration{Node: api.Node{ID: id, Address: strings.TrimPrefix(srv.URL, "http://")}, Secret: "secret-" + id})
 	}
-	var cs fleet.StatusSource = nodeapi.NewClients(token, nil)
+	var cs fleet.StatusSource = nodeapi.NewClients(nil)
 	var wg sync.WaitGroup
 	for _, n := range nodes {
 		wg.Add(1)
@@ -286,7 +295,62 @@ func TestClientsPollStatus(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if _, err := cs.Status(context.Background(), api.Node{ID: "x"}); !errors.Is(err, errdefs.ErrUnavailable) {
+	if _, err := cs.Status(context.Background(), fleet.Registration{Node: api.Node{ID: "x"}}); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Errorf("status of a node without an address: %v", err)
+	}
+}
+
+// TestSecretsPerNode: each node's API takes its own secret and no other,
+// so node a1's secret opens nothing on b2. A node's refusal reaches the
+// apiserver as the node being unreachable, not as the caller's
+// credentials failing, and a create refused that way may go elsewhere.
+func TestSecretsPerNode(t *testing.T) {
+	addrs := map[string]string{}
+	for _, id := range []string{"a1", "b2"} {
+		agent := nodetest.New(t, func(c *node.Config) { c.ID = id })
+		srv := httptest.NewServer(nodeapi.NewServer(agent, nodeapi.Secret("secret-"+id), quiet))
+		t.Cleanup(srv.Close)
+		addrs[id] = srv.URL
+	}
+	req, _ := http.NewRequest("GET", addrs["b2"]+"/v1/status", nil)
+	req.Header.Set("Authorization", "Bearer secret-a1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("a1's secret on b2: %d, want 401", resp.StatusCode)
+	}
+
+	cs := nodeapi.NewClients(nil)
+	if st, err := cs.Node("b2", addrs["b2"], "secret-b2").Status(context.Background()); err != nil || st.ID != "b2" {
+		t.Errorf("b2 with its own secret: %+v, %v", st, err)
+	}
+	c := cs.Node("b2", addrs["b2"], "secret-a1")
+	_, err = c.Create(context.Background(), api.CreateSandboxRequest{Image: "busybox"})
+	if !errors.Is(err, errdefs.ErrUnavailable) || errdefs.Code(err) != api.CodeNodeUnreachable || !nodeapi.NotSent(err) {
+		t.Errorf("create on b2 with a1's secret: %v (code %q, not sent %v), want ErrUnavailable node_unreachable, not sent",
+			err, errdefs.Code(err), nodeapi.NotSent(err))
+	}
+	// A new registration's secret replaces the client.
+	if c2 := cs.Node("b2", addrs["b2"], "secret-b2"); c2 == c {
+		t.Errorf("Clients.Node kept the client with the old secret")
+	}
+}
+
+// TestRegistrationsRefused: an apiserver's 401 to an agent's registration
+// is what it says (the node token was refused), not a node unreachable.
+func TestRegistrationsRefused(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusUnauthorized)
+		io.WriteString(w, `{"error":{"code":"unauthenticated","message":"invalid token"}}`)
+	}))
+	t.Cleanup(srv.Close)
+	r := nodeapi.NewRegistrations([]string{srv.URL}, "revoked", nil)
+	reg, _ := json.Marshal(fleet.Registration{Node: api.Node{ID: "a1", Address: "a1:1"}, Secret: "s"})
+	if _, err := r.PutWithLease(context.Background(), fleet.Key("a1"), reg, time.Second); !errors.Is(err, errdefs.ErrUnauthenticated) {
+		t.Errorf("registration with a refused token: %v, want ErrUnauthenticated", err)
 	}
 }

@@ -17,8 +17,10 @@ import (
 // LeaseRequest is the body of PUT /v1/nodes/{id}/lease on an apiserver:
 // an agent that reaches only the apiserver registers through it.
 type LeaseRequest struct {
-	Node api.Node     `json:"node"`
-	TTL  api.Duration `json:"ttl"`
+	Node api.Node `json:"node"`
+	// Secret is the node API's secret (fleet.Registration.Secret).
+	Secret string       `json:"secret"`
+	TTL    api.Duration `json:"ttl"`
 }
 
 // LeaseAnswer is the answer to a LeaseRequest.
@@ -37,11 +39,15 @@ type Registrations struct {
 var _ fleet.Leaser = (*Registrations)(nil)
 
 // NewRegistrations returns the registration endpoint of the apiservers at
-// addrs (URLs, or host:port), called with the node token.
+// addrs (URLs, or host:port), called with token: an IAM token of role
+// node. A token the apiservers refuse makes every call ErrUnauthenticated
+// (or ErrForbidden for a token of another role).
 func NewRegistrations(addrs []string, token string, hc *http.Client) *Registrations {
 	r := &Registrations{}
 	for _, a := range addrs {
-		r.cs = append(r.cs, NewClient("apiserver", a, token, hc))
+		c := NewClient("apiserver", a, token, hc)
+		c.apiserver = true
+		r.cs = append(r.cs, c)
 	}
 	return r
 }
@@ -68,18 +74,20 @@ func nodeOfKey(key string) (string, error) {
 
 func nodePath(id, suffix string) string { return "/v1/nodes/" + id + suffix }
 
-// PutWithLease registers the node whose registration is value.
+// PutWithLease registers the node whose registration (a
+// fleet.Registration) is value.
 func (r *Registrations) PutWithLease(ctx context.Context, key string, value []byte, ttl time.Duration) (store.LeaseID, error) {
 	id, err := nodeOfKey(key)
 	if err != nil {
 		return 0, err
 	}
-	var n api.Node
+	var n fleet.Registration
 	if err := json.Unmarshal(value, &n); err != nil {
 		return 0, errdefs.Invalid("registration of %s: %v", id, err)
 	}
+	req := LeaseRequest{Node: n.Node, Secret: n.Secret, TTL: api.Duration(ttl)}
 	var ans LeaseAnswer
-	if err := r.doJSON(ctx, http.MethodPut, nodePath(id, "/lease"), LeaseRequest{Node: n, TTL: api.Duration(ttl)}, &ans); err != nil {
+	if err := r.doJSON(ctx, http.MethodPut, nodePath(id, "/lease"), req, &ans); err != nil {
 		return 0, err
 	}
 	return store.LeaseID(ans.Lease), nil

@@ -14,8 +14,11 @@
 // Bodies stream both ways; nothing is buffered whole.
 //
 // Every call but /healthz carries a bearer token that the server's
-// Authenticator accepts: today the cluster's shared node secret (Secret),
-// later an IAM check of node-role tokens.
+// Authenticator accepts: the node's own secret (Secret), which its agent
+// draws at every start and registers with the node (fleet.Registration), so
+// that apiservers, and nobody else, know it. A node token (an IAM token of
+// role node) is what an agent presents to register, never what the node
+// API takes: one node's secret opens no other node.
 package nodeapi
 
 import (
@@ -32,6 +35,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/fncall"
 	"github.com/warrenhq/warren/internal/httperr"
 	"github.com/warrenhq/warren/internal/node"
 )
@@ -62,8 +66,8 @@ type Authenticator interface {
 	Check(ctx context.Context, token string) error
 }
 
-// Secret is a shared node secret: the one token every apiserver presents
-// and every agent accepts, compared in constant time.
+// Secret is a node's own secret: the one token its node API accepts,
+// compared in constant time. An empty Secret accepts nothing.
 type Secret string
 
 // Check implements Authenticator.
@@ -101,6 +105,7 @@ type Server struct {
 	auth  Authenticator
 	log   *slog.Logger
 	mux   *http.ServeMux
+	fn    fncall.Runner // nil: no FnCall here (fn.go)
 }
 
 // NewServer returns the node API over agent; every call but /healthz must
@@ -125,6 +130,7 @@ func (s *Server) routes() {
 	s.mux.Handle("GET /v1/status", h(s.status))
 	s.mux.Handle("POST /v1/sandboxes", h(s.create))
 	s.mux.Handle("GET /v1/sandboxes", h(s.list))
+	s.mux.Handle("GET /v1/changes", h(s.changes)) // changes.go
 	s.mux.Handle("GET /v1/sandboxes/{id}", h(s.get))
 	s.mux.Handle("DELETE /v1/sandboxes/{id}", h(s.delete))
 	s.mux.Handle("POST /v1/sandboxes/{id}/exec", h(s.exec))
@@ -157,7 +163,7 @@ func (s *Server) authenticated(h handler) http.Handler {
 }
 
 func (s *Server) status(w http.ResponseWriter, r *http.Request) error {
-	return httperr.WriteJSON(w, http.StatusOK, s.agent.Status())
+	return httperr.WriteJSON(w, http.StatusOK, s.withFn(r.Context(), s.agent.Status()))
 }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request) error {

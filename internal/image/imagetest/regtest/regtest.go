@@ -6,11 +6,9 @@ package regtest
 
 import (
 	"context"
-	"errors"
 	"testing"
 
 	"github.com/warrenhq/warren/api"
-	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/image"
 	"github.com/warrenhq/warren/internal/image/imagetest"
 	"github.com/warrenhq/warren/internal/testutil"
@@ -24,22 +22,9 @@ import (
 func PublishRootfs(t testing.TB, reg *image.Registry, name, version, rootfs string) api.Environment {
 	t.Helper()
 	testutil.RequireBinary(t, "mkfs.erofs")
-	ctx := context.Background()
-	ref := name + "@" + version
-	if _, err := reg.GetLayer(ctx, ref); errors.Is(err, errdefs.ErrNotFound) {
-		spec := image.LayerSpec{Name: name, Version: version, Kind: api.LayerBase}
-		if _, err := reg.BuildLayer(ctx, spec, rootfs); err != nil && !errors.Is(err, errdefs.ErrConflict) {
-			t.Fatalf("publish %s as layer %s: %v", rootfs, ref, err)
-		}
-	} else if err != nil {
-		t.Fatalf("layer %s: %v", ref, err)
-	}
-	env, err := reg.CreateEnv(ctx, api.CreateEnvironmentRequest{Name: name, Version: version, Base: ref})
-	if errors.Is(err, errdefs.ErrConflict) {
-		env, err = reg.GetEnv(ctx, ref)
-	}
+	env, err := reg.EnsureRootfs(context.Background(), name, version, rootfs)
 	if err != nil {
-		t.Fatalf("environment %s: %v", ref, err)
+		t.Fatalf("publish %s as %s@%s: %v", rootfs, name, version, err)
 	}
 	return env
 }
