@@ -147,7 +147,7 @@ func (a *app) demo(ctx context.Context, c *client.Client, image string) error {
 // wrong, each in the same fresh container thrown away afterwards; then a
 // program that never stops, ended by its CPU time limit.
 func (a *app) demoFn(ctx context.Context, c *client.Client, check func(bool, string, ...any) error, step func(string, ...any)) error {
-	step("warren fn run --runtime sh sum.sh --case 1 2:3 --case 2 2:5 --case 20 22:42")
+	step("warren fn run --runtime sh sum.sh --case 1.in:1.out --case 2.in:2.out --case 3.in:3.out")
 	want := func(s string) *string { return &s }
 	res, err := c.RunFn(ctx, api.FnRunRequest{
 		Runtime: "sh",

@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/warrenhq/warren/internal/daemon"
 	"github.com/warrenhq/warren/internal/placement"
@@ -126,10 +127,17 @@ s3://bucket/prefix?endpoint=host:port (see "warren apiserver --help").`,
 	f.StringVar(&cfg.Token, "token", a.getenv(envNodeToken), "node token: an IAM token of role node (env "+envNodeToken+")")
 	f.StringVar(&cfg.DataDir, "data-dir", filepath.Join(dataDirDefault(), "agent"), "directory for the node's state")
 	f.StringVar(&cfg.Pool, "pool", "onprem", "node pool: onprem or cloud")
+	fnFlags(f, &cfg.Fn)
 	f.StringArrayVar(&labels, "label", nil, "node label key=value (repeatable)")
 	f.StringVar(&cfg.Blobs, "blobs", "", "blob store shared with the apiservers: a directory or s3://bucket/prefix?endpoint=host:port (default <data-dir>/blobs)")
 	f.IntVar(&cfg.Limits.Sandboxes, "max-sandboxes", 0, "sandboxes this node admits (0: 1000)")
 	f.StringVar(&cfg.Backend, "backend", "container", "sandbox backend: container, or fake (a simulated node)")
 	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	return cmd
+}
+
+// fnFlags are the FnCall flags of the roles that run a node.
+func fnFlags(f *pflag.FlagSet, cfg *daemon.FnConfig) {
+	f.BoolVar(&cfg.Disabled, "no-fn", false, "serve no FnCall on this node")
+	f.StringVar(&cfg.RuntimesFile, "fn-runtimes", "", `FnCall runtimes, a JSON file {"runtimes": [...]} (default: python3, c, cpp, sh)`)
 }

@@ -12,11 +12,13 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/backend/container"
 	"github.com/warrenhq/warren/internal/backend/fake"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/fleet"
+	"github.com/warrenhq/warren/internal/fncall"
 	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/image"
 	"github.com/warrenhq/warren/internal/node"
@@ -61,6 +63,8 @@ type AgentConfig struct {
 	// Backend is "container" (default), or "fake" to run a simulated node
 	// (tests and control-plane benchmarks).
 	Backend string
+	// Fn configures FnCall on this node.
+	Fn FnConfig
 	// RegistrationTTL is how long the registration outlives the agent
 	// (default fleet.DefaultTTL).
 	RegistrationTTL time.Duration
@@ -103,6 +107,7 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	}
 	nodeDir := filepath.Join(dir, "node")
 	cache := image.NewCache(filepath.Join(nodeDir, "cache"), blobs)
+	mounts := image.NewMounts(filepath.Join(nodeDir, "layers"))
 	var b backend.Backend
 	switch cfg.Backend {
 	case "", api.BackendContainer:
@@ -110,7 +115,7 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 			StateDir:     filepath.Join(nodeDir, "container"),
 			RuncRoot:     filepath.Join(nodeDir, "runc"),
 			CgroupParent: "/warren/" + nodeID,
-			Mounts:       image.NewMounts(filepath.Join(nodeDir, "layers")),
+			Mounts:       mounts,
 		})
 	case "fake":
 		b, err = fake.New(filepath.Join(nodeDir, "fake"), fake.Options{Name: api.BackendContainer})
@@ -137,10 +142,10 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 		return err
 	}
 	defer agent.Close()
-	go newLayerCollector(nil, agentLayers(agent), cache, log).run(ctx)
 
 	var leaser fleet.Leaser
 	var peer string // a control-plane address, to find our own
+	var envs fncall.Images
 	if len(cfg.Etcd) > 0 {
 		st, err := store.DialEtcd(cfg.Etcd, "")
 		if err != nil {
@@ -148,9 +153,21 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 		}
 		defer st.Close()
 		leaser, peer = newTokenLeaser(st, cfg.Token), hostPort(cfg.Etcd[0])
+		envs = image.NewRegistry(st, blobs, image.WithLogger(log))
 	} else {
 		leaser, peer = nodeapi.NewRegistrations(cfg.APIServers, cfg.Token, nil), hostPort(cfg.APIServers[0])
+		envs = apiImages{client.New(cfg.APIServers[0], cfg.Token)}
 	}
+	var fn *fncall.Service
+	if cfg.Backend != "fake" { // a simulated node runs no real containers
+		if fn, err = startFn(cfg.Fn, nodeID, nodeDir, envs, cache, mounts, log); err != nil {
+			return err
+		}
+	}
+	if fn != nil {
+		defer fn.Close()
+	}
+	go newLayerCollector(nil, agentLayers(agent, fn), cache, log).run(ctx)
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -163,7 +180,11 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	// This node's own secret, new at every start: only the apiservers
 	// learn it, from the registration.
 	secret := randomHex(32)
-	httpSrv := startHTTP(ln, nodeapi.NewServer(agent, nodeapi.Secret(secret), log))
+	nsrv := nodeapi.NewServer(agent, nodeapi.Secret(secret), log)
+	if fn != nil {
+		nsrv.ServeFn(fn)
+	}
+	httpSrv := startHTTP(ln, nsrv)
 
 	status := agent.Status()
 	reg, err := fleet.NewRegistrar(fleet.RegistrarConfig{

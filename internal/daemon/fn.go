@@ -7,10 +7,12 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/internal/fncall"
+	"github.com/warrenhq/warren/internal/image"
 )
 
 // FnConfig configures a node's FnCall service (`--fn-runtimes`, `--no-fn`).
@@ -73,4 +75,28 @@ func (a apiImages) Get(ctx context.Context, name string) (api.Image, error) {
 		return api.Image{}, err
 	}
 	return *img, nil
+}
+
+// DefaultImageCache is where scripts/build-runtime-images leaves the
+// runtime images it builds (WARREN_IMAGE_CACHE overrides it).
+const DefaultImageCache = "/var/cache/warren/images"
+
+// publishCached publishes the runtime images built on this host that are
+// not environments yet, so that FnCall's default runtimes work on `warren
+// up` without a registering step.
+func publishCached(ctx context.Context, images *image.Registry, dir string, log *slog.Logger) {
+	if dir == "" {
+		dir = os.Getenv("WARREN_IMAGE_CACHE")
+	}
+	if dir == "" {
+		dir = DefaultImageCache
+	}
+	start := time.Now()
+	envs, err := images.PublishCached(ctx, dir)
+	if err != nil && ctx.Err() == nil {
+		log.Warn("publish cached runtime images", "dir", dir, "err", err)
+	}
+	if len(envs) > 0 {
+		log.Info("runtime images ready", "envs", envs, "took", time.Since(start).Round(time.Millisecond))
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/warrenhq/warren/internal/fncall"
 	"github.com/warrenhq/warren/internal/image"
 	"github.com/warrenhq/warren/internal/node"
 )
@@ -33,13 +34,18 @@ type collector struct {
 type liveLayers func(ctx context.Context) (map[string][]string, error)
 
 // agentLayers is the liveLayers of one node's own sandboxes.
-func agentLayers(agent *node.Agent) liveLayers {
+func agentLayers(agent *node.Agent, fn *fncall.Service) liveLayers {
 	return func(ctx context.Context) (map[string][]string, error) {
 		list, err := agent.List(ctx, node.Filter{})
 		if err != nil {
 			return nil, err
 		}
 		live := map[string][]string{}
+		if fn != nil { // FnCall's runtimes hold their layers mounted
+			for _, d := range fn.LayerDigests() {
+				live[d] = append(live[d], "fncall")
+			}
+		}
 		for _, sb := range list {
 			for _, d := range sb.Layers {
 				live[d] = append(live[d], sb.ID)
@@ -49,8 +55,8 @@ func agentLayers(agent *node.Agent) liveLayers {
 	}
 }
 
-func newCollector(images *image.Registry, agent *node.Agent, cache *image.Cache, log *slog.Logger) *collector {
-	return newLayerCollector(images, agentLayers(agent), cache, log)
+func newCollector(images *image.Registry, agent *node.Agent, fn *fncall.Service, cache *image.Cache, log *slog.Logger) *collector {
+	return newLayerCollector(images, agentLayers(agent, fn), cache, log)
 }
 
 func newLayerCollector(images *image.Registry, live liveLayers, cache *image.Cache, log *slog.Logger) *collector {

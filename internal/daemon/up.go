@@ -39,6 +39,10 @@ type UpConfig struct {
 	Blobs  string
 	Limits node.Limits
 	Log    *slog.Logger
+	// Fn configures FnCall; ImageCache is where built runtime images are
+	// found and published from at startup (default DefaultImageCache).
+	Fn         FnConfig
+	ImageCache string
 	// Ready, if set, is called once the API serves, with its address.
 	Ready func(addr string)
 }
@@ -113,6 +117,16 @@ func Up(ctx context.Context, cfg UpConfig) error {
 		return err
 	}
 	defer agent.Close()
+	// Runtime images built on this host (scripts/build-runtime-images)
+	// become environments, in the background: minutes the first time.
+	go publishCached(ctx, imgs.images, cfg.ImageCache, log)
+	fn, err := startFn(cfg.Fn, nodeID, nodeDir, imgs.images, cache, mounts, log)
+	if err != nil {
+		return err
+	}
+	if fn != nil {
+		defer fn.Close()
+	}
 
 	token, err := loadOrCreate(filepath.Join(dir, AdminTokenFile), func() string { return randomHex(32) })
 	if err != nil {
@@ -123,10 +137,13 @@ func Up(ctx context.Context, cfg UpConfig) error {
 		return err
 	}
 	go ids.Usage.Follow(ctx, agent, usageResync)
-	collector := newCollector(imgs.images, agent, cache, log)
+	collector := newCollector(imgs.images, agent, fn, cache, log)
 	go collector.run(ctx)
 	acfg := imgs.serverConfig(oci.NodeLayers{Cache: cache, Mounts: mounts}, collector, ids, log)
 	acfg.Node = agent
+	if fn != nil {
+		acfg.Fn = fn
+	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)

@@ -12,7 +12,7 @@ import (
 // PoolConfig sizes one runtime's pool of pre-created containers.
 type PoolConfig struct {
 	// Min containers are kept ready at all times once the runtime is
-	// available; under demand the pool grows to cover the calls in flight
+	// available (default 2; negative: none); under demand the pool grows to cover the calls in flight
 	// over the last DemandWindow, up to Max containers in all (ready, busy
 	// and being made). Ready containers beyond that target and idle for
 	// IdleTimeout are destroyed.
@@ -31,7 +31,10 @@ func (c PoolConfig) withDefaults() PoolConfig {
 	if c.Max <= 0 {
 		c.Max = 64
 	}
-	c.Min = min(max(c.Min, 0), c.Max)
+	if c.Min == 0 {
+		c.Min = 2
+	}
+	c.Min = min(max(c.Min, 0), c.Max) // a negative Min keeps none ready
 	if c.IdleTimeout <= 0 {
 		c.IdleTimeout = api.Duration(60 * time.Second)
 	}
@@ -245,10 +248,13 @@ func (p *pool) maintain(ctx context.Context) {
 // make creates one container and adds it to the ready list.
 func (p *pool) make(ctx context.Context) {
 	spec, err := p.spec()
-	var b *box
-	if err == nil {
-		b, err = newBox(ctx, spec)
+	if err != nil { // the runtime is unavailable: Runtimes says why
+		p.mu.Lock()
+		p.making--
+		p.mu.Unlock()
+		return
 	}
+	b, err := newBox(ctx, spec)
 	p.mu.Lock()
 	p.making--
 	p.mu.Unlock()

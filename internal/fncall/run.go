@@ -51,7 +51,6 @@ func (s *Service) Run(ctx context.Context, req api.FnRunRequest) (api.FnResult, 
 	defer c.rt.pool.put(b)
 
 	res := api.FnResult{Runtime: req.Runtime, Cases: make([]api.FnCaseResult, 0, len(c.cases))}
-	defer func() { res.WallMs = time.Since(start).Milliseconds() }()
 	fail := func(err error) (api.FnResult, error) {
 		res.Status = api.FnSandboxError
 		for range c.cases {
@@ -82,6 +81,7 @@ func (s *Service) Run(ctx context.Context, req api.FnRunRequest) (api.FnResult, 
 			for range c.cases {
 				res.Cases = append(res.Cases, api.FnCaseResult{Status: api.FnSkipped})
 			}
+			res.WallMs = time.Since(start).Milliseconds()
 			return res, nil
 		}
 	}
@@ -111,6 +111,7 @@ func (s *Service) Run(ctx context.Context, req api.FnRunRequest) (api.FnResult, 
 			break
 		}
 	}
+	res.WallMs = time.Since(start).Milliseconds()
 	return res, nil
 }
 
