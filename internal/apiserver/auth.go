@@ -61,6 +61,9 @@ type rule struct {
 	// root checks the action at the root project, for writes to objects
 	// every project shares; otherwise at the caller's own scope.
 	root bool
+	// node also lets node tokens in: an agent that joined through an
+	// apiserver resolves its FnCall runtimes' environments this way.
+	node bool
 }
 
 // routeRules maps each mux pattern to its rule. A pattern missing here
@@ -80,7 +83,7 @@ var routeRules = map[string]rule{
 	"GET /v1/sandboxes/{id}/files":      {action: iam.ActionSandboxFiles},
 	"PUT /v1/sandboxes/{id}/files":      {action: iam.ActionSandboxFiles},
 	"GET /v1/images":                    {action: iam.ActionRead},
-	"GET /v1/images/{name...}":          {action: iam.ActionRead},
+	"GET /v1/images/{name...}":          {action: iam.ActionRead, node: true},
 	"GET /v1/nodes":                     {action: iam.ActionRead},
 	"POST /v1/layers":                   {action: iam.ActionLayerWrite},
 	"GET /v1/layers":                    {action: iam.ActionRead},
@@ -142,7 +145,7 @@ func authorizeRoute(p iam.Principal, pattern string) error {
 	if !ok {
 		ru = unknownRoute
 	}
-	if ru.action == "" {
+	if ru.action == "" || ru.node && p.Role == iam.RoleNode {
 		return nil
 	}
 	project := p.Project

@@ -89,9 +89,10 @@ type RouterConfig struct {
 //
 // The apiserver keeps no record of sandboxes, so what a lost node held is
 // known only from what it last said: the Router caches each node's
-// sandboxes from its last complete list (every Refresh, and every
-// unfiltered list a caller makes), adds the ones it creates and drops the
-// ones it deletes. A list shows a lost node's cached sandboxes in state
+// sandboxes from its complete lists (the first refresh, and every
+// unfiltered list a caller makes) and the changes it reads every Refresh
+// after that (node.Changes), adds the ones it creates and drops the ones
+// it deletes. A list shows a lost node's cached sandboxes in state
 // "lost" (until their TTL would have ended them); a GET of any sandbox on
 // a lost node answers "lost", cached or not. An apiserver that starts
 // after a node died has no cache of it: its sandboxes are then reported

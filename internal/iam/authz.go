@@ -75,8 +75,7 @@ var roleActions = map[Role][]Action{
 // allowed[role] is the set of actions role may take (its own and those of
 // every lower role).
 var allowed = func() map[Role]map[Action]bool {
-	// A node also reads (environments, for its FnCall runtimes).
-	m := map[Role]map[Action]bool{RoleNode: {ActionNode: true, ActionRead: true}}
+	m := map[Role]map[Action]bool{RoleNode: {ActionNode: true}}
 	for _, r := range []Role{RoleReader, RoleRunner, RoleBuilder, RoleAdmin} {
 		set := map[Action]bool{}
 		for lower, acts := range roleActions {

@@ -25,7 +25,7 @@ func TestRoleMatrix(t *testing.T) {
 		iam.RoleRunner:  "r" + "sssss" + ".." + "..." + ".",
 		iam.RoleBuilder: "r" + "sssss" + "le" + "..." + ".",
 		iam.RoleAdmin:   "r" + "sssss" + "le" + "paa" + ".",
-		iam.RoleNode:    "r" + "....." + ".." + "..." + "n",
+		iam.RoleNode:    "." + "....." + ".." + "..." + "n",
 		"":              "." + "....." + ".." + "..." + ".",
 		"superuser":     "." + "....." + ".." + "..." + ".",
 	}
