@@ -30,6 +30,10 @@ type box struct {
 	cg      *cgroup
 	created time.Time
 	exited  chan struct{} // closed when fninit has exited and been reaped
+	// netns is the box's network namespace, back to netnsPool once every
+	// process of the box is gone.
+	netns     *os.File
+	netnsPool *netnsPool
 }
 
 // boxSpec is what newBox needs; a pool fills it in from its runtime.
@@ -39,6 +43,7 @@ type boxSpec struct {
 	setup        proto.Setup
 	cpus         float64
 	idleMemory   int64 // the limit while waiting in the pool
+	netns        *netnsPool
 }
 
 // newBox starts fninit and waits until the container is ready. On error
@@ -73,11 +78,14 @@ func newBox(ctx context.Context, spec boxSpec) (b *box, err error) {
 
 	b.cmd = exec.Command(spec.init)
 	b.cmd.Env = []string{}
-	b.cmd.ExtraFiles = []*os.File{child} // fd 3 = proto.Fd
+	if b.netns, err = spec.netns.get(); err != nil {
+		return b, err
+	}
+	b.netnsPool = spec.netns
+	b.cmd.ExtraFiles = []*os.File{child, b.netns} // proto.Fd, proto.NetnsFd
 	b.cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWNET |
-			syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS,
-		Pdeathsig: syscall.SIGKILL, // an agent that dies takes its pool along
+		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS,
+		Pdeathsig:  syscall.SIGKILL, // an agent that dies takes its pool along
 	}
 	if err := b.cmd.Start(); err != nil {
 		return b, fmt.Errorf("start %s: %w", spec.init, err)
@@ -163,9 +171,17 @@ func (b *box) destroy() error {
 	if b.sock != nil {
 		b.sock.Close()
 	}
-	if b.cmd != nil && b.cmd.Process != nil {
+	started := b.cmd != nil && b.cmd.Process != nil
+	if started {
 		_ = b.cmd.Process.Kill()
-		<-b.exited
+		<-b.exited // pid 1 gone: the kernel has killed every other process
+	}
+	if b.netns != nil {
+		if started {
+			b.netnsPool.put(b.netns)
+		} else {
+			b.netns.Close()
+		}
 	}
 	return b.cg.remove()
 }

@@ -110,6 +110,7 @@ type Service struct {
 	cfg      Config
 	runtimes map[string]*runtimeState
 	order    []string
+	netns    *netnsPool
 	ctx      context.Context
 	cancel   context.CancelFunc
 }
@@ -162,7 +163,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Service{cfg: cfg, runtimes: map[string]*runtimeState{}, ctx: ctx, cancel: cancel}
+	s := &Service{cfg: cfg, runtimes: map[string]*runtimeState{}, netns: newNetnsPool(256), ctx: ctx, cancel: cancel}
 	for _, rt := range cfg.Runtimes {
 		if rt.Name == "" || rt.Env == "" || rt.Source == "" || len(rt.Run) == 0 {
 			cancel()
@@ -220,6 +221,7 @@ func (s *Service) Start() {
 // Close destroys every ready container and releases the layers.
 func (s *Service) Close() {
 	s.cancel()
+	defer s.netns.close()
 	for _, name := range s.order {
 		st := s.runtimes[name]
 		st.pool.close()
@@ -307,6 +309,7 @@ func (s *Service) resolve(ctx context.Context, rt Runtime) (boxSpec, api.Image, 
 		cgroupParent: s.cfg.CgroupParent,
 		cpus:         cpus,
 		idleMemory:   64 << 20,
+		netns:        s.netns,
 		setup: proto.Setup{
 			Lower: lower, Scratch: filepath.Join(s.cfg.StateDir, "scratch"), ScratchBytes: s.cfg.ScratchBytes,
 			Hostname: "fn", Workdir: workdir, UID: s.cfg.UID, GID: s.cfg.GID,

@@ -34,16 +34,19 @@ import (
 	"github.com/warrenhq/warren/internal/fncall/proto"
 )
 
+// Every run is forked from the main goroutine's thread, which alone joins
+// the container's network namespace and carries the emptied capability
+// bounding set (both are per thread; changing them on all of Go's threads
+// costs milliseconds). Locking in init keeps the main goroutine on the
+// main thread from the start.
+func init() { runtime.LockOSThread() }
+
 // Main runs fninit and returns its exit code.
 func Main() int {
 	if os.Getpid() != 1 {
 		fmt.Fprintln(os.Stderr, "warren-fninit: must run as pid 1 of a new pid namespace (the node agent starts it)")
 		return 2
 	}
-	// Every run is forked from this goroutine's thread, which alone
-	// carries the emptied capability bounding set (per thread, and
-	// dropping it on all of Go's threads costs milliseconds).
-	runtime.LockOSThread()
 	sock := os.NewFile(proto.Fd, "fninit-socket")
 	syscall.CloseOnExec(proto.Fd)
 	in := &init1{enc: json.NewEncoder(sock), msgs: make(chan proto.Message, 4)}
@@ -121,15 +124,18 @@ func errReply(err error) proto.Reply {
 
 // setup builds the container; see the package doc.
 func setup(s *proto.Setup) error {
+	// The network namespace the agent made (lo only); this thread, which
+	// forks every run, joins it.
+	if err := unix.Setns(proto.NetnsFd, unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("join network namespace: %w", err)
+	}
+	unix.Close(proto.NetnsFd)
 	unix.Umask(0o022)
 	if err := buildRoot(s); err != nil {
 		return err
 	}
 	if err := unix.Sethostname([]byte(s.Hostname)); err != nil {
 		return fmt.Errorf("sethostname: %w", err)
-	}
-	if err := loopbackUp(); err != nil {
-		return fmt.Errorf("lo up: %w", err)
 	}
 	if err := dropBounding(); err != nil {
 		return err

@@ -3,7 +3,8 @@
 // socket the agent passes as fd 3. It has no dependencies so that
 // warren-fninit stays a small binary that starts in about a millisecond.
 //
-// The conversation: the agent sends Setup; fninit builds the container's
+// fninit starts in new mount, pid, IPC and UTS namespaces. The
+// conversation: the agent sends Setup; fninit builds the container's
 // root and answers Ready (or Error, and exits). The container then waits in
 // the pool. A call sends Files once and Run once per case (compile step
 // included), each answered by one Reply; Kill may arrive while a Run is
@@ -11,8 +12,13 @@
 // 1, every process of the container.
 package proto
 
-// Fd is the file descriptor fninit finds its socket on.
-const Fd = 3
+// Fd is the file descriptor fninit finds its socket on; NetnsFd is the
+// network namespace (lo only, up) fninit joins: the agent recycles them
+// between containers, since nothing of a call survives in one.
+const (
+	Fd      = 3
+	NetnsFd = 4
+)
 
 // Message is what the agent sends; exactly one field is set.
 type Message struct {
