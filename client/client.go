@@ -91,7 +91,7 @@ func New(addr, token string, opts ...Option) *Client {
 	c := &Client{
 		base:      normalizeAddr(addr),
 		token:     token,
-		hc:        &http.Client{},
+		hc:        defaultHTTPClient(),
 		userAgent: "warren-go-client",
 		retry:     DefaultRetry,
 		sleep:     sleepCtx,
@@ -100,9 +100,18 @@ func New(addr, token string, opts ...Option) *Client {
 		o(c)
 	}
 	if c.hc == nil {
-		c.hc = &http.Client{}
+		c.hc = defaultHTTPClient()
 	}
 	return c
+}
+
+// defaultHTTPClient keeps enough idle connections to one server for a
+// trainer's many concurrent calls: net/http's default of 2 per host makes
+// every other request open a new connection and leave one in TIME_WAIT.
+func defaultHTTPClient() *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = 256
+	return &http.Client{Transport: t}
 }
 
 // Addr returns the base URL the client sends requests to.

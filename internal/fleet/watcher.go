@@ -381,5 +381,10 @@ func (w *Watcher) checkReady() {
 			return
 		}
 	}
-	w.readyOnce.Do(func() { close(w.ready) })
+	w.readyOnce.Do(func() {
+		// A poll counts its attempt before it publishes its answer: publish
+		// now, so that whoever waited for Ready sees every answer counted.
+		w.publishLocked()
+		close(w.ready)
+	})
 }
