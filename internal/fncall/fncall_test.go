@@ -411,3 +411,40 @@ func TestDebianRuntimes(t *testing.T) {
 		t.Fatalf("c segfault: %+v", res)
 	}
 }
+
+// TestThousandConcurrentCalls: a thousand calls at once from one client
+// each complete or are refused with 429 and a Retry-After; none hangs, none
+// fails otherwise, and the pool serves normally afterwards.
+func TestThousandConcurrentCalls(t *testing.T) {
+	s := newService(t, PoolConfig{Min: 4, Max: 16, QueueWait: api.Duration(2 * time.Second), QueueMax: 64})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var ok, refused int
+	for i := 0; i < 1000; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := s.Run(ctx, api.FnRunRequest{Runtime: "sh", Source: "echo $1", Args: []string{fmt.Sprint(i)}})
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil && res.Status == api.FnOK && res.Cases[0].Stdout == fmt.Sprintf("%d\n", i):
+				ok++
+			case errdefs.Code(err) == api.CodeFnOverloaded && errdefs.RetryAfter(err) > 0:
+				refused++
+			default:
+				t.Errorf("call %d: %v %+v", i, err, res)
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("%d completed, %d refused with 429", ok, refused)
+	if ok+refused != 1000 || ok < 16 || refused == 0 {
+		t.Fatalf("ok %d refused %d", ok, refused)
+	}
+	if c := one(t, run(t, s, sh("echo after"))); c.Status != api.FnOK {
+		t.Fatalf("after the burst: %+v", c)
+	}
+}
