@@ -316,3 +316,41 @@ func (p *pool) close() {
 		b.destroy()
 	}
 }
+
+// slots bound the calls running at once on a node: a call waits for one up
+// to wait, with at most queue calls waiting, and is refused with 429
+// otherwise.
+type slots struct {
+	free  chan struct{}
+	queue chan struct{}
+	wait  time.Duration
+}
+
+func newSlots(n, queue int, wait time.Duration) *slots {
+	return &slots{free: make(chan struct{}, n), queue: make(chan struct{}, queue), wait: wait}
+}
+
+func (s *slots) acquire(ctx context.Context) (release func(), err error) {
+	release = func() { <-s.free }
+	select {
+	case s.free <- struct{}{}:
+		return release, nil
+	default:
+	}
+	select {
+	case s.queue <- struct{}{}:
+	default:
+		return nil, overloaded()
+	}
+	defer func() { <-s.queue }()
+	t := time.NewTimer(s.wait)
+	defer t.Stop()
+	select {
+	case s.free <- struct{}{}:
+		return release, nil
+	case <-t.C:
+		return nil, overloaded()
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}

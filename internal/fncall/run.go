@@ -44,6 +44,11 @@ func (s *Service) Run(ctx context.Context, req api.FnRunRequest) (api.FnResult, 
 		return api.FnResult{}, err
 	}
 	c.env = s.runEnv(c.rt, c.envReq) // the environment's variables are known now
+	release, err := s.slots.acquire(ctx)
+	if err != nil {
+		return api.FnResult{}, err
+	}
+	defer release()
 	b, err := c.rt.pool.get(ctx)
 	if err != nil {
 		return api.FnResult{}, err

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -84,6 +85,12 @@ type Config struct {
 	ScratchBytes int64
 	Defaults     api.FnLimits // default DefaultLimits
 	Max          api.FnLimits // default MaxLimits
+	// MaxRunning is how many calls run at once on this node, all runtimes
+	// together (default 4 per CPU); more wait up to QueueWait, then get
+	// 429. Calls beyond the cores only share them: a judged program's wall
+	// time would stretch until a correct one hits its wall limit.
+	MaxRunning int
+	QueueWait  time.Duration // default 5 s
 	// MaxRequestBytes caps the files and inputs of one call (default 64 MiB).
 	MaxRequestBytes int64
 	Log             *slog.Logger
@@ -111,6 +118,7 @@ type Service struct {
 	runtimes map[string]*runtimeState
 	order    []string
 	netns    *netnsPool
+	slots    *slots
 	ctx      context.Context
 	cancel   context.CancelFunc
 }
@@ -147,6 +155,12 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Max == (api.FnLimits{}) {
 		cfg.Max = MaxLimits
 	}
+	if cfg.MaxRunning <= 0 {
+		cfg.MaxRunning = 4 * runtime.NumCPU()
+	}
+	if cfg.QueueWait <= 0 {
+		cfg.QueueWait = 5 * time.Second
+	}
 	if cfg.MaxRequestBytes == 0 {
 		cfg.MaxRequestBytes = 64 << 20
 	}
@@ -163,7 +177,8 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Service{cfg: cfg, runtimes: map[string]*runtimeState{}, netns: newNetnsPool(256), ctx: ctx, cancel: cancel}
+	s := &Service{cfg: cfg, runtimes: map[string]*runtimeState{}, netns: newNetnsPool(256),
+		slots: newSlots(cfg.MaxRunning, 16*cfg.MaxRunning, cfg.QueueWait), ctx: ctx, cancel: cancel}
 	for _, rt := range cfg.Runtimes {
 		if rt.Name == "" || rt.Env == "" || rt.Source == "" || len(rt.Run) == 0 {
 			cancel()
