@@ -1,7 +1,7 @@
 // Command fncall measures a trivial job run once per call in a fresh
 // sandbox: warren's FnCall (POST /v1/fn/run against a running `warren up`)
 // against the bare process and three per-call sandboxes, all in one run on
-// the same machine. Results and how to read them: RESULTS.draft.md.
+// the same machine. Results and how to read them: docs/BENCHMARKS.md.
 //
 //	sudo go run ./bench/fncall                 # -rounds 3 -dur 5s -warm 1s -conc 1,8,64
 //	sudo go run ./bench/fncall -quick          # a smoke run, 1-2 minutes (podman up to c8)
