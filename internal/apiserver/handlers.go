@@ -182,7 +182,7 @@ func (e *eventStream) send(ev api.ExecEvent) error {
 // ends with the request's context instead).
 func (e *eventStream) writer(stream string) writerFunc {
 	return func(p []byte) (int, error) {
-		data, enc := node.EncodeOutput(p)
+		data, enc := api.EncodeBytes(p)
 		e.send(api.ExecEvent{Stream: stream, Data: data, Encoding: enc})
 		return len(p), nil
 	}

@@ -9,7 +9,6 @@ import (
 	"path"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/backend"
@@ -91,19 +90,10 @@ func (a *Agent) Exec(ctx context.Context, id string, req api.ExecRequest, stdout
 		DurationMs:      res.Duration.Milliseconds(),
 	}
 	if outBuf != nil {
-		out.Stdout, out.StdoutEncoding = EncodeOutput(outBuf.Bytes())
-		out.Stderr, out.StderrEncoding = EncodeOutput(errBuf.Bytes())
+		out.Stdout, out.StdoutEncoding = api.EncodeBytes(outBuf.Bytes())
+		out.Stderr, out.StderrEncoding = api.EncodeBytes(errBuf.Bytes())
 	}
 	return out, nil
-}
-
-// EncodeOutput returns b as a JSON-safe string and its encoding: UTF-8 text
-// as is, anything else as base64, so no byte is lost.
-func EncodeOutput(b []byte) (string, string) {
-	if utf8.Valid(b) {
-		return string(b), api.EncodingUTF8
-	}
-	return base64.StdEncoding.EncodeToString(b), api.EncodingBase64
 }
 
 // execRequest validates an API exec request and turns it into a backend one.

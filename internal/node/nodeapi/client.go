@@ -329,7 +329,7 @@ func (c *Client) Exec(ctx context.Context, id string, req api.ExecRequest, stdou
 	return api.ExecResult{}, c.transportErr(ctx, fmt.Errorf("exec stream ended without a result: %w", err))
 }
 
-// DecodeOutput is the inverse of node.EncodeOutput.
+// DecodeOutput is the inverse of api.EncodeBytes.
 func DecodeOutput(data, encoding string) ([]byte, error) {
 	switch encoding {
 	case api.EncodingUTF8:

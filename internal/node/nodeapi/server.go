@@ -298,7 +298,7 @@ func (s *stream) send(ev Event) error {
 // fail the command's writes: the exec ends with the request's context.
 func (s *stream) writer(name string) io.Writer {
 	return writerFunc(func(p []byte) (int, error) {
-		data, enc := node.EncodeOutput(p)
+		data, enc := api.EncodeBytes(p)
 		s.send(Event{ExecEvent: api.ExecEvent{Stream: name, Data: data, Encoding: enc}})
 		return len(p), nil
 	})
