@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/internal/apiserver"
+	"github.com/warrenhq/warren/internal/fncall/fncalltest"
 	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/image/imagetest"
 	"github.com/warrenhq/warren/internal/node/nodetest"
@@ -36,13 +37,13 @@ func TestPythonSDK(t *testing.T) {
 	agent := nodetest.New(t, nil)
 	go usage.Follow(ctx, agent, 50*time.Millisecond)
 	srv := httptest.NewServer(apiserver.New(apiserver.Config{
-		Node: agent, Images: imagetest.Busybox, Usage: usage,
+		Node: agent, Images: imagetest.Busybox, Usage: usage, Fn: fncalltest.New("python3", "cpp"),
 		Tokens: m, IAM: m, Idempotency: iam.NewIdempotency(st, iam.IdempotencyOptions{}),
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}))
 	defer srv.Close()
 	cmd := exec.Command("python3", "-m", "unittest", "discover", "-s", "tests", "-v")
-	cmd.Env = append(os.Environ(), "WARREN_ADDR="+srv.URL, "WARREN_TOKEN="+rootSecret, "PYTHONDONTWRITEBYTECODE=1")
+	cmd.Env = append(os.Environ(), "WARREN_ADDR="+srv.URL, "WARREN_TOKEN="+rootSecret, "WARREN_FN_FAKE=1", "PYTHONDONTWRITEBYTECODE=1")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("python tests: %v\n%s", err, out)

@@ -22,6 +22,12 @@ sub-project and mints a token scoped to it.
     except ExhaustedError as e:        # e.code == "quota_exceeded" or "rate_limited"
         time.sleep(e.retry_after)
 
+FnCall judges a program in a fresh container per call, once per test case:
+
+    r = c.fn.run("python3", "print(sum(map(int, input().split())))",
+                 cases=[("1 2\\n", "3"), ("2 2\\n", "5")], limits={"cpu_time": "2s", "memory": "256Mi"})
+    [case["status"] for case in r["cases"]]   # ["OK", "WrongAnswer"]; SandboxError is never the program's
+
 Refusals raise WarrenError, as the subclass of their HTTP class:
 InvalidError (400), UnauthenticatedError (401), ForbiddenError (403),
 NotFoundError (404), ConflictError (409), ExhaustedError (429),
@@ -29,8 +35,8 @@ InternalError (500), UnavailableError (503). Switch on ``e.code``
 (quota_exceeded, project_exists, ...), never on the message.
 """
 
-from .client import (AsyncClient, Client, ConflictError, ExecResult, ExhaustedError, ForbiddenError, InternalError,
+from .client import (AsyncClient, Client, ConflictError, ExecResult, ExhaustedError, Fn, ForbiddenError, InternalError,
                      InvalidError, NotFoundError, UnauthenticatedError, UnavailableError, WarrenError)
 
-__all__ = ["Client", "AsyncClient", "ExecResult", "WarrenError", "InvalidError", "UnauthenticatedError",
+__all__ = ["Client", "AsyncClient", "ExecResult", "Fn", "WarrenError", "InvalidError", "UnauthenticatedError",
            "ForbiddenError", "NotFoundError", "ConflictError", "ExhaustedError", "InternalError", "UnavailableError"]

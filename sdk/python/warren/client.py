@@ -12,7 +12,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional
+from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Optional, Union
 
 DEFAULT_ADDR = "http://127.0.0.1:7443"
 DEFAULT_DATA_DIR = "/var/lib/warren"
@@ -156,6 +156,7 @@ class Client:
         self.token = token if token is not None else _default_token()
         self.timeout = timeout
         self.create_retries = create_retries
+        self.fn = Fn(self)
 
     # -- plumbing ---------------------------------------------------------
 
@@ -456,14 +457,112 @@ def _error_from(e: urllib.error.HTTPError) -> WarrenError:
     return _error(e.code, code or f"http_{e.code}", message, retry)
 
 
-class AsyncClient:
-    """The same calls as Client, as coroutines run in worker threads."""
+def _bytes_field(body: Dict[str, Any], key: str, data: Union[str, bytes, None]) -> None:
+    """Sets body[key] (and key_encoding) from text or bytes, base64 if not UTF-8."""
+    if data is None:
+        return
+    if isinstance(data, str):
+        data = data.encode()
+    try:
+        body[key] = data.decode("utf-8")
+    except UnicodeDecodeError:
+        body[key] = base64.b64encode(data).decode()
+        body[key + "_encoding"] = "base64"
 
-    def __init__(self, *args: Any, **kw: Any):
-        self._sync = Client(*args, **kw)
+
+class Fn:
+    """FnCall: stateless judge, compile and test jobs, each in a fresh
+    pre-created container of its runtime (``client.fn.run(...)``).
+
+    A result is the API's FnResult as a dict: ``status`` (OK, WrongAnswer,
+    NonZeroExit, TimeLimit, MemoryLimit, OutputLimit, Signal, CompileError,
+    or SandboxError, which is never the program's fault), ``compile`` and
+    ``cases``, each case with status, exit_code, signal, stdout, stderr
+    (bytes here, decoded from the wire), cpu_ms, wall_ms and peak_memory.
+    """
+
+    def __init__(self, client: "Client"):
+        self._c = client
+
+    @staticmethod
+    def request(runtime: str, source: Union[str, bytes] = "", *, files: Optional[Dict[str, Union[str, bytes]]] = None,
+                stdin: Union[str, bytes, None] = None, cases: Optional[List[Any]] = None,
+                args: Optional[List[str]] = None, env: Optional[Dict[str, str]] = None,
+                limits: Optional[Dict[str, Any]] = None, stop_on_fail: bool = False,
+                compare: str = "") -> Dict[str, Any]:
+        """Builds a request body. ``cases`` are (stdin, expected) pairs or
+        stdin values (expected None: not compared); ``limits`` uses the
+        API's keys: cpu_time, wall_time ("2s"), memory ("256Mi"), pids,
+        output, file_size."""
+        body: Dict[str, Any] = {"runtime": runtime}
+        if isinstance(source, bytes):
+            try:
+                source = source.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValueError("source must be UTF-8; pass binary programs in files") from None
+        if source:
+            body["source"] = source
+        if files:
+            body["files"] = []
+            for path, content in files.items():
+                f: Dict[str, Any] = {"path": path}
+                _bytes_field(f, "content", content)
+                if "content_encoding" in f:
+                    f["encoding"] = f.pop("content_encoding")
+                body["files"].append(f)
+        _bytes_field(body, "stdin", stdin)
+        if cases:
+            body["cases"] = []
+            for case in cases:
+                inp, want = case if isinstance(case, (tuple, list)) else (case, None)
+                c: Dict[str, Any] = {}
+                _bytes_field(c, "stdin", inp)
+                _bytes_field(c, "expected", want)
+                body["cases"].append(c)
+        for k, v in (("args", args), ("env", env), ("limits", limits), ("stop_on_fail", stop_on_fail),
+                     ("compare", compare)):
+            if v:
+                body[k] = v
+        return body
+
+    @staticmethod
+    def _decoded(res: Dict[str, Any]) -> Dict[str, Any]:
+        for case in ([res["compile"]] if res.get("compile") else []) + res.get("cases", []):
+            for stream in ("stdout", "stderr"):
+                case[stream] = _decode(case.get(stream, ""), case.pop(stream + "_encoding", ""))
+        return res
+
+    def run(self, runtime: str, source: Union[str, bytes] = "", **kw: Any) -> Dict[str, Any]:
+        """Runs one call (see request for the arguments). A 429 (every
+        container busy) is retried like a create, then raised."""
+        return self._decoded(self._c._retrying("/v1/fn/run", self.request(runtime, source, **kw)))
+
+    def batch(self, calls: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        """Runs independent calls (bodies from Fn.request) concurrently on
+        the fleet. Returns one item per call, in order: {"result": ...} or
+        {"error": {"code", "message"}}."""
+        items = self._c._json("POST", "/v1/fn/batch", body={"calls": calls})["results"]
+        for item in items:
+            if item.get("result"):
+                self._decoded(item["result"])
+        return items
+
+    def runtimes(self) -> List[Dict[str, Any]]:
+        """The runtimes the fleet declares, with their pools."""
+        return self._c._json("GET", "/v1/fn/runtimes")["runtimes"]
+
+
+class _Async:
+    """Wraps an object so that its methods become coroutines run in worker
+    threads; attributes that are objects (client.fn) are wrapped alike."""
+
+    def __init__(self, obj: Any):
+        self._sync = obj
 
     def __getattr__(self, name: str):
         fn = getattr(self._sync, name)
+        if isinstance(fn, Fn):
+            return _Async(fn)
         if not callable(fn):
             return fn
 
@@ -472,3 +571,10 @@ class AsyncClient:
             return await asyncio.to_thread(fn, *args, **kw)
 
         return call
+
+
+class AsyncClient(_Async):
+    """The same calls as Client, as coroutines run in worker threads."""
+
+    def __init__(self, *args: Any, **kw: Any):
+        super().__init__(Client(*args, **kw))
