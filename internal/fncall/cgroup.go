@@ -163,6 +163,14 @@ func (cg *cgroup) event(ctrl, file, key string) (int64, error) {
 	return 0, nil
 }
 
+// removeParent deletes a service's parent cgroups once its containers are
+// gone; one still in use (or never made) stays, silently.
+func removeParent(parent string) {
+	for _, c := range controllers {
+		_ = os.Remove(filepath.Join(cgroupRoot, c, parent))
+	}
+}
+
 // remove deletes the cgroups, waiting briefly for exiting processes to
 // leave them (a dying pid namespace empties asynchronously).
 func (cg *cgroup) remove() error {

@@ -74,7 +74,8 @@ type pool struct {
 	avail     chan struct{} // closed (and replaced) when a container gets ready
 	kick      chan struct{}
 	closed    bool
-	wg        sync.WaitGroup
+	wg        sync.WaitGroup // the maker and the containers it is making
+	destroys  sync.WaitGroup // containers being destroyed after their call
 }
 
 func newPool(cfg PoolConfig, spec func() (boxSpec, error), log func(string, ...any)) *pool {
@@ -182,7 +183,9 @@ func (p *pool) put(b *box) {
 	p.mu.Lock()
 	p.busy--
 	p.mu.Unlock()
+	p.destroys.Add(1)
 	go func() {
+		defer p.destroys.Done()
 		if err := b.destroy(); err != nil {
 			p.log("fncall: destroy container", "box", b.id, "err", err)
 		}
@@ -237,7 +240,9 @@ func (p *pool) maintain(ctx context.Context) {
 				p.mu.Unlock()
 				return
 			}
+			p.wg.Add(1)
 			go func() {
+				defer p.wg.Done()
 				defer func() { <-sem }()
 				p.make(ctx)
 			}()
@@ -315,6 +320,7 @@ func (p *pool) close() {
 	for _, b := range ready {
 		b.destroy()
 	}
+	p.destroys.Wait()
 }
 
 // slots bound the calls running at once on a node: a call waits for one up

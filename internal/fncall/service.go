@@ -247,6 +247,7 @@ func (s *Service) Close() {
 		st.digests, st.spec = nil, nil
 		st.mu.Unlock()
 	}
+	removeParent(s.cfg.CgroupParent)
 }
 
 // LayerDigests are the layers the runtimes hold mounted, for the garbage
