@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -446,5 +447,47 @@ func TestThousandConcurrentCalls(t *testing.T) {
 	}
 	if c := one(t, run(t, s, sh("echo after"))); c.Status != api.FnOK {
 		t.Fatalf("after the burst: %+v", c)
+	}
+}
+
+// TestPlatformFault: when the container's init dies under a run (a
+// platform fault, not the program's), the case says SandboxError, the rest
+// of the call too, and the pool goes on.
+func TestPlatformFault(t *testing.T) {
+	s := newService(t, PoolConfig{Min: 1, Max: 4})
+	done := make(chan api.FnResult)
+	go func() {
+		req := sh("sleep 10")
+		req.Cases = []api.FnCase{{}, {}}
+		done <- run(t, s, req)
+	}()
+	killed := false
+	for deadline := time.Now().Add(10 * time.Second); !killed && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		boxes, _ := filepath.Glob(filepath.Join(cgroupRoot, "pids", s.cfg.CgroupParent, "fn-*", "cgroup.procs"))
+		for _, f := range boxes {
+			b, _ := os.ReadFile(f)
+			pids := strings.Fields(string(b))
+			if len(pids) < 2 { // an idle container: fninit alone
+				continue
+			}
+			for _, pid := range pids {
+				comm, _ := os.ReadFile("/proc/" + pid + "/comm")
+				if strings.TrimSpace(string(comm)) == "warren-fninit" {
+					var p int
+					fmt.Sscan(pid, &p)
+					killed = syscall.Kill(p, syscall.SIGKILL) == nil
+				}
+			}
+		}
+	}
+	if !killed {
+		t.Fatal("found no busy container to break")
+	}
+	res := <-done
+	if res.Status != api.FnSandboxError || len(res.Cases) != 2 || res.Cases[0].Status != api.FnSandboxError || res.Cases[1].Status != api.FnSandboxError {
+		t.Fatalf("want SandboxError for both cases: %+v", res)
+	}
+	if c := one(t, run(t, s, sh("echo fine"))); c.Status != api.FnOK || c.Stdout != "fine\n" {
+		t.Fatalf("after the fault: %+v", c)
 	}
 }
