@@ -149,6 +149,20 @@ type ExecRequest struct {
 	Stream bool `json:"stream,omitempty"`
 }
 
+// ValidEnvName reports whether k may name an environment variable in a
+// request: a letter or underscore, then letters, digits and underscores.
+func ValidEnvName(k string) bool {
+	for i, c := range k {
+		switch {
+		case c == '_', 'A' <= c && c <= 'Z', 'a' <= c && c <= 'z':
+		case '0' <= c && c <= '9' && i > 0:
+		default:
+			return false
+		}
+	}
+	return k != ""
+}
+
 // Output encodings. Output that is not valid UTF-8 is sent as base64 so that
 // no byte is lost on the way through JSON.
 const (

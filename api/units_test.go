@@ -94,3 +94,11 @@ func FuzzQuantity(f *testing.F) {
 		}
 	})
 }
+
+func TestValidEnvName(t *testing.T) {
+	for k, want := range map[string]bool{"PATH": true, "_x1": true, "a": true, "": false, "1A": false, "A=B": false, "A-B": false, "É": false} {
+		if got := ValidEnvName(k); got != want {
+			t.Errorf("ValidEnvName(%q) = %v, want %v", k, got, want)
+		}
+	}
+}

@@ -292,6 +292,25 @@ func sandboxPath(id, suffix string) (string, error) {
 	return "/v1/sandboxes/" + url.PathEscape(id) + suffix, nil
 }
 
+// postRetrying POSTs body to path into out, retrying a refusal that retry
+// accepts (nil: any) per the client's RetryPolicy (retryWait). When the
+// policy gives up, the last refusal is returned.
+func (c *Client) postRetrying(ctx context.Context, path string, body, out any, retry func(error) bool) error {
+	for attempt := 1; ; attempt++ {
+		err := c.doJSON(ctx, http.MethodPost, path, nil, body, out)
+		if err == nil || retry != nil && !retry(err) {
+			return err
+		}
+		d, ok := c.retryWait(err, attempt)
+		if !ok {
+			return err
+		}
+		if serr := c.sleep(ctx, d); serr != nil {
+			return err
+		}
+	}
+}
+
 // retryWait decides whether and how long to wait before retrying err on
 // attempt n (1-based). Waits get up to 20% jitter so that a burst of
 // refused creates does not come back in lockstep.

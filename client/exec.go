@@ -3,13 +3,11 @@ package client
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"unicode/utf8"
 
 	"github.com/warrenhq/warren/api"
 )
@@ -110,7 +108,7 @@ func DecodeExecStream(r io.Reader, stdout, stderr io.Writer) (*api.ExecResult, e
 		case ev.Result != nil:
 			return ev.Result, nil
 		case ev.Stream == "stdout" || ev.Stream == "stderr":
-			data, err := decodeData(ev.Data, ev.Encoding)
+			data, err := api.DecodeBytes("data", ev.Data, ev.Encoding)
 			if err != nil {
 				return nil, fmt.Errorf("warren client: exec %s chunk: %w", ev.Stream, err)
 			}
@@ -128,24 +126,20 @@ func DecodeExecStream(r io.Reader, stdout, stderr io.Writer) (*api.ExecResult, e
 	}
 }
 
-func decodeData(s, enc string) ([]byte, error) {
-	switch enc {
-	case api.EncodingUTF8:
-		return []byte(s), nil
-	case api.EncodingBase64:
-		return base64.StdEncoding.DecodeString(s)
-	}
-	return nil, fmt.Errorf("unknown encoding %q", enc)
+func decodeResultOutput(res *api.ExecResult) error {
+	return decodeOutput("exec", &res.Stdout, &res.StdoutEncoding, &res.Stderr, &res.StderrEncoding)
 }
 
-func decodeResultOutput(res *api.ExecResult) error {
+// decodeOutput turns a result's stdout and stderr into raw bytes in place,
+// clearing their encodings.
+func decodeOutput(what string, stdout, stdoutEnc, stderr, stderrEnc *string) error {
 	for _, f := range []struct {
 		data, enc *string
 		name      string
-	}{{&res.Stdout, &res.StdoutEncoding, "stdout"}, {&res.Stderr, &res.StderrEncoding, "stderr"}} {
-		b, err := decodeData(*f.data, *f.enc)
+	}{{stdout, stdoutEnc, "stdout"}, {stderr, stderrEnc, "stderr"}} {
+		b, err := api.DecodeBytes(f.name, *f.data, *f.enc)
 		if err != nil {
-			return fmt.Errorf("warren client: exec %s: %w", f.name, err)
+			return fmt.Errorf("warren client: %s %w", what, err)
 		}
 		*f.data, *f.enc = string(b), ""
 	}
@@ -155,11 +149,7 @@ func decodeResultOutput(res *api.ExecResult) error {
 // SetStdin puts b in req as the command's standard input, base64-encoded when
 // it is not valid UTF-8.
 func SetStdin(req *api.ExecRequest, b []byte) {
-	if utf8.Valid(b) {
-		req.Stdin, req.StdinEncoding = string(b), api.EncodingUTF8
-		return
-	}
-	req.Stdin, req.StdinEncoding = base64.StdEncoding.EncodeToString(b), api.EncodingBase64
+	req.Stdin, req.StdinEncoding = api.EncodeBytes(b)
 }
 
 func isAPIError(err error) bool {

@@ -2,10 +2,8 @@ package client
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
 	"net/http"
-	"unicode/utf8"
 
 	"github.com/warrenhq/warren/api"
 )
@@ -27,26 +25,14 @@ import (
 // busy. That refusal guarantees nothing ran, so it is retried per the
 // client's RetryPolicy, honouring Retry-After.
 func (c *Client) RunFn(ctx context.Context, req api.FnRunRequest) (*api.FnResult, error) {
-	for attempt := 1; ; attempt++ {
-		var res api.FnResult
-		err := c.doJSON(ctx, http.MethodPost, "/v1/fn/run", nil, req, &res)
-		if err == nil {
-			if err := decodeFnResult(&res); err != nil {
-				return nil, err
-			}
-			return &res, nil
-		}
-		if !IsExhausted(err) {
-			return nil, err
-		}
-		d, ok := c.retryWait(err, attempt)
-		if !ok {
-			return nil, err
-		}
-		if serr := c.sleep(ctx, d); serr != nil {
-			return nil, err
-		}
+	var res api.FnResult
+	if err := c.postRetrying(ctx, "/v1/fn/run", req, &res, IsExhausted); err != nil {
+		return nil, err
 	}
+	if err := decodeFnResult(&res); err != nil {
+		return nil, err
+	}
+	return &res, nil
 }
 
 // RunFnBatch runs independent FnCalls concurrently (POST /v1/fn/batch)
@@ -102,7 +88,7 @@ func IsFnOverloaded(err error) bool { return hasCode(err, api.CodeFnOverloaded) 
 // means 0644.
 func NewFnFile(path string, content []byte, mode uint32) api.FnFile {
 	f := api.FnFile{Path: path, Mode: mode}
-	f.Content, f.Encoding = encodeText(content)
+	f.Content, f.Encoding = api.EncodeBytes(content)
 	return f
 }
 
@@ -111,9 +97,9 @@ func NewFnFile(path string, content []byte, mode uint32) api.FnFile {
 // base64-encoded when it is not UTF-8.
 func NewFnCase(stdin, expected []byte) api.FnCase {
 	var c api.FnCase
-	c.Stdin, c.StdinEncoding = encodeText(stdin)
+	c.Stdin, c.StdinEncoding = api.EncodeBytes(stdin)
 	if expected != nil {
-		e, enc := encodeText(expected)
+		e, enc := api.EncodeBytes(expected)
 		c.Expected, c.ExpectedEncoding = &e, enc
 	}
 	return c
@@ -122,14 +108,7 @@ func NewFnCase(stdin, expected []byte) api.FnCase {
 // SetFnStdin puts b in req as the input of its one run (a call without
 // cases), base64-encoded when it is not UTF-8.
 func SetFnStdin(req *api.FnRunRequest, b []byte) {
-	req.Stdin, req.StdinEncoding = encodeText(b)
-}
-
-func encodeText(b []byte) (string, string) {
-	if utf8.Valid(b) {
-		return string(b), api.EncodingUTF8
-	}
-	return base64.StdEncoding.EncodeToString(b), api.EncodingBase64
+	req.Stdin, req.StdinEncoding = api.EncodeBytes(b)
 }
 
 // decodeFnResult turns the base64 output of every run in res into raw
@@ -143,15 +122,8 @@ func decodeFnResult(res *api.FnResult) error {
 		runs = append(runs, &res.Cases[i])
 	}
 	for _, r := range runs {
-		for _, f := range []struct {
-			data, enc *string
-			name      string
-		}{{&r.Stdout, &r.StdoutEncoding, "stdout"}, {&r.Stderr, &r.StderrEncoding, "stderr"}} {
-			b, err := decodeData(*f.data, *f.enc)
-			if err != nil {
-				return fmt.Errorf("warren client: fn %s: %w", f.name, err)
-			}
-			*f.data, *f.enc = string(b), ""
+		if err := decodeOutput("fn", &r.Stdout, &r.StdoutEncoding, &r.Stderr, &r.StderrEncoding); err != nil {
+			return err
 		}
 	}
 	return nil

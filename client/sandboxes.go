@@ -14,20 +14,11 @@ import (
 // honouring Retry-After; the last refusal is returned (IsRetryable, with
 // RetryAfter set) when the policy gives up.
 func (c *Client) CreateSandbox(ctx context.Context, req api.CreateSandboxRequest) (*api.Sandbox, error) {
-	for attempt := 1; ; attempt++ {
-		var sb api.Sandbox
-		err := c.doJSON(ctx, http.MethodPost, "/v1/sandboxes", nil, req, &sb)
-		if err == nil {
-			return &sb, nil
-		}
-		d, ok := c.retryWait(err, attempt)
-		if !ok {
-			return nil, err
-		}
-		if serr := c.sleep(ctx, d); serr != nil {
-			return nil, err
-		}
+	var sb api.Sandbox
+	if err := c.postRetrying(ctx, "/v1/sandboxes", req, &sb, nil); err != nil {
+		return nil, err
 	}
+	return &sb, nil
 }
 
 // CreateSandboxes creates a gang of req.Count sandboxes from req.Template
@@ -38,23 +29,12 @@ func (c *Client) CreateSandbox(ctx context.Context, req api.CreateSandboxRequest
 // when none was created). A refusal (429) with AllOrNone created nothing,
 // so it is retried as CreateSandbox retries; other batches are not.
 func (c *Client) CreateSandboxes(ctx context.Context, req api.BatchCreateRequest) (*api.BatchCreateResponse, error) {
-	for attempt := 1; ; attempt++ {
-		var out api.BatchCreateResponse
-		err := c.doJSON(ctx, http.MethodPost, "/v1/sandboxes:batch", nil, req, &out)
-		if err == nil {
-			return &out, nil
-		}
-		if !req.AllOrNone || !IsExhausted(err) {
-			return nil, err
-		}
-		d, ok := c.retryWait(err, attempt)
-		if !ok {
-			return nil, err
-		}
-		if serr := c.sleep(ctx, d); serr != nil {
-			return nil, err
-		}
+	var out api.BatchCreateResponse
+	retry := func(err error) bool { return req.AllOrNone && IsExhausted(err) }
+	if err := c.postRetrying(ctx, "/v1/sandboxes:batch", req, &out, retry); err != nil {
+		return nil, err
 	}
+	return &out, nil
 }
 
 // GetSandbox returns one sandbox (ErrNotFound if it does not exist).

@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/fncall/proto"
 )
@@ -169,17 +171,9 @@ func (b *box) classify(r *proto.RunResult, before counters, lim limits) (api.FnC
 	return res, nil
 }
 
-var signalNames = map[syscall.Signal]string{
-	syscall.SIGABRT: "SIGABRT", syscall.SIGBUS: "SIGBUS", syscall.SIGFPE: "SIGFPE",
-	syscall.SIGHUP: "SIGHUP", syscall.SIGILL: "SIGILL", syscall.SIGINT: "SIGINT",
-	syscall.SIGKILL: "SIGKILL", syscall.SIGPIPE: "SIGPIPE", syscall.SIGQUIT: "SIGQUIT",
-	syscall.SIGSEGV: "SIGSEGV", syscall.SIGSYS: "SIGSYS", syscall.SIGTERM: "SIGTERM",
-	syscall.SIGTRAP: "SIGTRAP", syscall.SIGUSR1: "SIGUSR1", syscall.SIGUSR2: "SIGUSR2",
-	syscall.SIGXCPU: "SIGXCPU", syscall.SIGXFSZ: "SIGXFSZ", syscall.SIGALRM: "SIGALRM",
-}
-
+// signalName is the signal's name ("SIGSEGV"), or SIG<n> for one without.
 func signalName(s syscall.Signal) string {
-	if n, ok := signalNames[s]; ok {
+	if n := unix.SignalName(s); n != "" {
 		return n
 	}
 	return fmt.Sprintf("SIG%d", int(s))

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"path"
-	"regexp"
 	"sort"
 	"time"
 
@@ -28,8 +27,6 @@ type call struct {
 	compile limits
 	exact   bool
 }
-
-var envKeyPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // Run runs one call: claims a fresh container of the runtime, writes the
 // files, compiles once if the runtime does, runs each case, and destroys the
@@ -179,7 +176,7 @@ func (s *Service) validate(req api.FnRunRequest) (*call, error) {
 	}
 
 	for k := range req.Env {
-		if !envKeyPattern.MatchString(k) {
+		if !api.ValidEnvName(k) {
 			return nil, errdefs.Invalid("env %q: not a valid variable name", k)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 
@@ -387,15 +388,28 @@ func unmountDir(dir string) error {
 	return nil
 }
 
-// mountpointsUnder lists the names of mounts directly under dir, from
-// /proc/self/mountinfo.
+// mountpointsUnder lists the names of mounts directly under dir.
 func mountpointsUnder(dir string) ([]string, error) {
+	all, err := MountsUnder(dir)
+	var names []string
+	for _, mp := range all {
+		if filepath.Dir(mp) == filepath.Clean(dir) {
+			names = append(names, filepath.Base(mp))
+		}
+	}
+	return names, err
+}
+
+// MountsUnder lists the mountpoints at or below dir, from
+// /proc/self/mountinfo, deepest first (the order to unmount them in).
+func MountsUnder(dir string) ([]string, error) {
+	dir = filepath.Clean(dir)
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	var names []string
+	var out []string
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -404,11 +418,12 @@ func mountpointsUnder(dir string) ([]string, error) {
 			continue
 		}
 		mp := unescapeMountinfo(fields[4])
-		if filepath.Dir(mp) == filepath.Clean(dir) {
-			names = append(names, filepath.Base(mp))
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
 		}
 	}
-	return names, sc.Err()
+	sort.SliceStable(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
+	return out, sc.Err()
 }
 
 // unescapeMountinfo undoes the octal escapes (\040 for a space) the kernel

@@ -113,7 +113,7 @@ func (a *Agent) execRequest(req api.ExecRequest) (backend.ExecRequest, error) {
 		return backend.ExecRequest{}, errdefs.Invalid("argv[0] is empty")
 	}
 	for k := range req.Env {
-		if !envKeyPattern.MatchString(k) {
+		if !api.ValidEnvName(k) {
 			return backend.ExecRequest{}, errdefs.Invalid("env %q: not a valid variable name", k)
 		}
 	}

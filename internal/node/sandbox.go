@@ -56,10 +56,7 @@ func (s *sandbox) setState(state, reason string) {
 	s.mu.Unlock()
 }
 
-var (
-	labelKeyPattern = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62}[A-Za-z0-9])?$`)
-	envKeyPattern   = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-)
+var labelKeyPattern = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62}[A-Za-z0-9])?$`)
 
 // validate checks a create request and fills in defaults. Every error is
 // ErrInvalid.
@@ -117,7 +114,7 @@ func (a *Agent) validate(req *api.CreateSandboxRequest) error {
 		}
 	}
 	for k := range req.Env {
-		if !envKeyPattern.MatchString(k) {
+		if !api.ValidEnvName(k) {
 			return errdefs.Invalid("env %q: not a valid variable name", k)
 		}
 	}
