@@ -136,6 +136,10 @@ type runtimeState struct {
 	digests []string
 	err     error
 	tried   time.Time
+	// resolving is closed when the resolve under way ends; nil when none
+	// is. The lock is not held while resolving: fetching layers may take
+	// minutes, and listing runtimes (every status poll) must not wait.
+	resolving chan struct{}
 }
 
 // New checks the host and returns a Service; Start starts its pools.
@@ -241,6 +245,12 @@ func (s *Service) Close() {
 		st := s.runtimes[name]
 		st.pool.close()
 		st.mu.Lock()
+		for st.resolving != nil { // ends soon: s.ctx is cancelled
+			ch := st.resolving
+			st.mu.Unlock()
+			<-ch
+			st.mu.Lock()
+		}
 		for _, d := range st.digests {
 			_ = s.cfg.Mounts.Release(d)
 		}
@@ -267,24 +277,38 @@ func (s *Service) LayerDigests() []string {
 // tried again.
 const retryResolve = 5 * time.Second
 
-// boxSpec resolves the runtime's environment and mounts its layers, once.
+// boxSpec resolves the runtime's environment and mounts its layers, once;
+// a caller that finds a resolve under way waits for it.
 func (s *Service) boxSpec(st *runtimeState) (boxSpec, error) {
 	st.mu.Lock()
-	defer st.mu.Unlock()
+	for st.spec == nil && st.resolving != nil {
+		ch := st.resolving
+		st.mu.Unlock()
+		<-ch
+		st.mu.Lock()
+	}
 	if st.spec != nil {
+		defer st.mu.Unlock()
 		return *st.spec, nil
 	}
 	if st.err != nil && time.Since(st.tried) < retryResolve {
+		defer st.mu.Unlock()
 		return boxSpec{}, st.err
 	}
-	st.tried = time.Now()
+	st.tried, st.resolving = time.Now(), make(chan struct{})
+	st.mu.Unlock()
+
 	spec, img, digests, err := s.resolve(s.ctx, st.Runtime)
+
+	st.mu.Lock()
+	defer st.mu.Unlock()
 	st.err = err
-	if err != nil {
-		return boxSpec{}, err
+	if err == nil {
+		st.spec, st.image, st.digests = &spec, img, digests
 	}
-	st.spec, st.image, st.digests = &spec, img, digests
-	return spec, nil
+	close(st.resolving)
+	st.resolving = nil
+	return spec, err
 }
 
 func (s *Service) resolve(ctx context.Context, rt Runtime) (boxSpec, api.Image, []string, error) {
@@ -344,17 +368,19 @@ func (s *Service) Runtimes(ctx context.Context) []api.FnRuntime {
 		ready, busy := st.pool.stats()
 		st.mu.Lock()
 		avail, reason := st.spec != nil, ""
-		if st.err != nil && !avail {
+		switch {
+		case avail:
+		case st.resolving != nil:
+			reason = "resolving environment " + st.Env
+		case st.err != nil && time.Since(st.tried) < retryResolve:
 			reason = st.err.Error()
+		default:
+			// Never tried, or worth another try: resolve in the
+			// background, never in this listing (a status poll).
+			reason = "resolving environment " + st.Env
+			go s.boxSpec(st)
 		}
 		st.mu.Unlock()
-		if !avail && reason == "" {
-			if _, err := s.boxSpec(st); err != nil {
-				reason = err.Error()
-			} else {
-				avail = true
-			}
-		}
 		out = append(out, api.FnRuntime{
 			Name: name, Env: st.Env, Source: st.Source, Compile: st.Compile, Run: slices.Clone(st.Run),
 			Available: avail, Reason: reason, Ready: ready, Busy: busy,
