@@ -5,12 +5,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -18,18 +15,19 @@ import (
 	"github.com/warrenhq/warren/internal/fncall/proto"
 )
 
-// box is one pre-created container: a warren-fninit process, pid 1 of its
-// own namespaces, in its own cgroups, with the runtime's root built and
+// box is one pre-created container: a pid 1 cloned by the launcher into
+// its own namespaces, in its own cgroups, with the runtime's root built and
 // nothing running. A box serves exactly one call and is then destroyed.
 type box struct {
 	id      string
-	cmd     *exec.Cmd
+	pid     int // in the host's pid namespace
+	pidfd   int
 	sock    *os.File
-	enc     *json.Encoder
-	replies chan proto.Reply // closed when fninit's socket ends
+	enc     proto.Encoder
+	replies chan proto.Reply // closed when the container's socket ends
 	cg      *cgroup
 	created time.Time
-	exited  chan struct{} // closed when fninit has exited and been reaped
+	exited  chan struct{} // closed when pid 1 has been reaped: every process of the box is gone
 	// netns is the box's network namespace, back to netnsPool once every
 	// process of the box is gone.
 	netns     *os.File
@@ -38,7 +36,7 @@ type box struct {
 
 // boxSpec is what newBox needs; a pool fills it in from its runtime.
 type boxSpec struct {
-	init         string // warren-fninit's path
+	launcher     func() (*launcher, error)
 	cgroupParent string
 	setup        proto.Setup
 	cpus         float64
@@ -46,15 +44,15 @@ type boxSpec struct {
 	netns        *netnsPool
 }
 
-// newBox starts fninit and waits until the container is ready. On error
-// nothing is left behind.
+// newBox has the launcher make a container and waits until it is ready. On
+// error nothing is left behind.
 func newBox(ctx context.Context, spec boxSpec) (b *box, err error) {
 	id := "fn-" + randomHex(6)
 	cg, err := newCgroup(spec.cgroupParent, id)
 	if err != nil {
 		return nil, err
 	}
-	b = &box{id: id, cg: cg, replies: make(chan proto.Reply, 1), created: time.Now(), exited: make(chan struct{})}
+	b = &box{id: id, cg: cg, pidfd: -1, replies: make(chan proto.Reply, 1), created: time.Now()}
 	defer func() {
 		if err != nil {
 			b.destroy()
@@ -68,39 +66,22 @@ func newBox(ctx context.Context, spec boxSpec) (b *box, err error) {
 			return b, err
 		}
 	}
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	l, err := spec.launcher()
 	if err != nil {
 		return b, err
 	}
-	b.sock = os.NewFile(uintptr(fds[0]), "fninit")
-	child := os.NewFile(uintptr(fds[1]), "fninit-child")
-	defer child.Close()
-
-	b.cmd = exec.Command(spec.init)
-	b.cmd.Env = []string{}
 	if b.netns, err = spec.netns.get(); err != nil {
 		return b, err
 	}
 	b.netnsPool = spec.netns
-	b.cmd.ExtraFiles = []*os.File{child, b.netns} // proto.Fd, proto.NetnsFd
-	b.cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID | syscall.CLONE_NEWIPC | syscall.CLONE_NEWUTS,
-		Pdeathsig:  syscall.SIGKILL, // an agent that dies takes its pool along
-	}
-	if err := b.cmd.Start(); err != nil {
-		return b, fmt.Errorf("start %s: %w", spec.init, err)
-	}
-	go func() { _ = b.cmd.Wait(); close(b.exited) }()
-	// fninit blocks reading Setup: it is in its cgroups before it does
-	// anything of the container's.
-	if err := cg.join(b.cmd.Process.Pid); err != nil {
+	setup := spec.setup
+	setup.Cgroups = cg.procsFiles()
+	m, err := l.make(ctx, &setup, b.netns)
+	if err != nil {
 		return b, err
 	}
-	b.enc = json.NewEncoder(b.sock)
+	b.pid, b.pidfd, b.sock, b.exited = m.pid, m.pidfd, m.sock, m.exited
 	go b.read()
-	if err := b.enc.Encode(proto.Message{Setup: &spec.setup}); err != nil {
-		return b, fmt.Errorf("send setup: %w", err)
-	}
 	r, err := b.reply(ctx, 30*time.Second)
 	if err != nil {
 		return b, err
@@ -113,13 +94,17 @@ func newBox(ctx context.Context, spec boxSpec) (b *box, err error) {
 
 func (b *box) read() {
 	defer close(b.replies)
-	dec := json.NewDecoder(bufio.NewReader(b.sock))
+	r := bufio.NewReader(b.sock)
 	for {
-		var r proto.Reply
-		if err := dec.Decode(&r); err != nil {
+		t, body, err := proto.ReadFrame(r)
+		if err != nil {
 			return
 		}
-		b.replies <- r
+		reply, err := proto.DecodeReply(t, body)
+		if err != nil {
+			return
+		}
+		b.replies <- reply
 	}
 }
 
@@ -146,15 +131,18 @@ func (b *box) reply(ctx context.Context, timeout time.Duration) (proto.Reply, er
 	}
 }
 
-// send writes one message to fninit.
-func (b *box) send(m proto.Message) error {
-	if err := b.enc.Encode(m); err != nil {
+// send writes one frame to the container.
+func (b *box) send(frame []byte, err error) error {
+	if err != nil {
+		return err
+	}
+	if _, err := b.sock.Write(frame); err != nil {
 		return fmt.Errorf("%w: %v", errBoxGone, err)
 	}
 	return nil
 }
 
-// alive reports whether fninit still runs.
+// alive reports whether the container's pid 1 still runs.
 func (b *box) alive() bool {
 	select {
 	case <-b.exited:
@@ -164,20 +152,34 @@ func (b *box) alive() bool {
 	}
 }
 
-// destroy ends the container: closing the socket makes fninit exit, and
-// SIGKILL makes sure; as pid 1 its death kills every process in the
-// namespace. Then the cgroups go. Safe to call on a half-made box.
+// destroy ends the container: closing its socket makes pid 1 exit, and as
+// the pid namespace's init its death kills every process in it; SIGKILL
+// makes sure if it does not go. Then the cgroups go. Safe to call on a
+// half-made box.
 func (b *box) destroy() error {
 	if b.sock != nil {
 		b.sock.Close()
 	}
-	started := b.cmd != nil && b.cmd.Process != nil
-	if started {
-		_ = b.cmd.Process.Kill()
-		<-b.exited // pid 1 gone: the kernel has killed every other process
+	if b.exited != nil {
+		t := time.NewTimer(killGrace)
+		select {
+		case <-b.exited:
+		case <-t.C:
+			_ = unix.PidfdSendSignal(b.pidfd, unix.SIGKILL, nil, 0)
+			<-b.exited
+		}
+		t.Stop()
+		// Reported by the launcher, pid 1 was reaped after its whole
+		// namespace; if the launcher died instead, the kernel is still
+		// ending the container: the pidfd says when it has.
+		fds := []unix.PollFd{{Fd: int32(b.pidfd), Events: unix.POLLIN}}
+		_, _ = unix.Poll(fds, int(killGrace/time.Millisecond))
+	}
+	if b.pidfd >= 0 {
+		unix.Close(b.pidfd)
 	}
 	if b.netns != nil {
-		if started {
+		if b.exited != nil {
 			b.netnsPool.put(b.netns)
 		} else {
 			b.netns.Close()

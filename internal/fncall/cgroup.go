@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -66,14 +67,17 @@ func (cg *cgroup) read(ctrl, name string) (int64, error) {
 	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 }
 
-// join moves pid into every controller's cgroup.
-func (cg *cgroup) join(pid int) error {
+// procsFiles are the cgroup.procs files a process writes itself into to
+// join every controller's cgroup (one per distinct directory).
+func (cg *cgroup) procsFiles() []string {
+	var out []string
 	for _, c := range controllers {
-		if err := cg.write(c, "cgroup.procs", int64(pid)); err != nil {
-			return fmt.Errorf("join cgroup %s: %w", c, err)
+		f := cg.file(c, "cgroup.procs")
+		if !slices.Contains(out, f) {
+			out = append(out, f)
 		}
 	}
-	return nil
+	return out
 }
 
 // setCPUs caps the box at cores CPUs of bandwidth.

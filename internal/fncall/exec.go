@@ -40,7 +40,7 @@ func (b *box) execRaw(ctx context.Context, run proto.Run, lim limits) (api.FnCas
 	run.FileBytes = lim.fileSize
 	run.CPUSeconds = int64(lim.cpu/time.Second) + 1 // backstop for the watch below
 	run.StackBytes = lim.memory
-	if err := b.send(proto.Message{Run: &run}); err != nil {
+	if err := b.send(proto.RunFrame(&run)); err != nil {
 		return api.FnCaseResult{}, err
 	}
 
@@ -55,7 +55,7 @@ func (b *box) execRaw(ctx context.Context, run proto.Run, lim limits) (api.FnCas
 			return nil
 		}
 		killed = reason
-		return b.send(proto.Message{Kill: reason})
+		return b.send(proto.KillFrame(reason), nil)
 	}
 	var deadline <-chan time.Time
 	for {

@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	fninitBin = filepath.Join(dir, "warren-fninit")
-	if out, err := exec.Command("go", "build", "-o", fninitBin, "github.com/warrenhq/warren/cmd/warren-fninit").CombinedOutput(); err != nil {
+	if out, err := exec.Command("../../scripts/build-fninit", fninitBin).CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build warren-fninit: %v\n%s", err, out)
 		os.Exit(1)
 	}

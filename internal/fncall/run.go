@@ -61,7 +61,7 @@ func (s *Service) Run(ctx context.Context, req api.FnRunRequest) (api.FnResult, 
 		res.WallMs = time.Since(start).Milliseconds()
 		return res, nil
 	}
-	if err := b.send(proto.Message{Files: c.files}); err != nil {
+	if err := b.send(proto.FilesFrame(c.files)); err != nil {
 		return fail(err)
 	}
 	if _, err := b.reply(ctx, 30*time.Second); err != nil {

@@ -119,8 +119,13 @@ type Service struct {
 	order    []string
 	netns    *netnsPool
 	slots    *slots
-	ctx      context.Context
-	cancel   context.CancelFunc
+	seccomp  []byte // the containers' filter, assembled once
+
+	launchMu sync.Mutex
+	launch   *launcher // started on first use, again if it died
+
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 // runtimeState is a runtime and its pool; the environment is resolved and
@@ -180,8 +185,12 @@ func New(cfg Config) (*Service, error) {
 	if err := os.MkdirAll(filepath.Join(cfg.StateDir, "scratch"), 0o700); err != nil {
 		return nil, err
 	}
+	filter, err := seccompProgram()
+	if err != nil {
+		return nil, errdefs.Unavailable("%v", err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Service{cfg: cfg, runtimes: map[string]*runtimeState{}, netns: newNetnsPool(256),
+	s := &Service{cfg: cfg, runtimes: map[string]*runtimeState{}, netns: newNetnsPool(256), seccomp: filter,
 		slots: newSlots(cfg.MaxRunning, 16*cfg.MaxRunning, cfg.QueueWait), ctx: ctx, cancel: cancel}
 	for _, rt := range cfg.Runtimes {
 		if rt.Name == "" || rt.Env == "" || rt.Source == "" || len(rt.Run) == 0 {
@@ -220,9 +229,28 @@ func (s *Service) Available() error {
 		return err
 	}
 	if _, err := os.Stat(s.cfg.Init); err != nil {
-		return errdefs.Unavailable("fncall: %s not found (build it: go build -o bin/warren-fninit ./cmd/warren-fninit)", s.cfg.Init)
+		return errdefs.Unavailable("fncall: %s not found (build it: scripts/setup, or cc -O2 -static -o bin/warren-fninit cmd/warren-fninit/fninit.c)", s.cfg.Init)
 	}
 	return nil
+}
+
+// launcher returns the node's launcher, starting it on first use and again
+// if it died (its containers died with it).
+func (s *Service) launcher() (*launcher, error) {
+	s.launchMu.Lock()
+	defer s.launchMu.Unlock()
+	if s.launch != nil && s.launch.alive() {
+		return s.launch, nil
+	}
+	if s.ctx.Err() != nil {
+		return nil, errdefs.Unavailable("fncall: shutting down")
+	}
+	l, err := startLauncher(s.cfg.Init, s.cfg.Log)
+	if err != nil {
+		return nil, err
+	}
+	s.launch = l
+	return l, nil
 }
 
 // Start starts the pools' makers; runtimes with a minimum pool resolve their
@@ -257,6 +285,11 @@ func (s *Service) Close() {
 		st.digests, st.spec = nil, nil
 		st.mu.Unlock()
 	}
+	s.launchMu.Lock()
+	if s.launch != nil {
+		s.launch.close()
+	}
+	s.launchMu.Unlock()
 	removeParent(s.cfg.CgroupParent)
 }
 
@@ -345,14 +378,14 @@ func (s *Service) resolve(ctx context.Context, rt Runtime) (boxSpec, api.Image, 
 		cpus = 1
 	}
 	return boxSpec{
-		init:         s.cfg.Init,
+		launcher:     s.launcher,
 		cgroupParent: s.cfg.CgroupParent,
 		cpus:         cpus,
 		idleMemory:   64 << 20,
 		netns:        s.netns,
 		setup: proto.Setup{
 			Lower: lower, Scratch: filepath.Join(s.cfg.StateDir, "scratch"), ScratchBytes: s.cfg.ScratchBytes,
-			Hostname: "fn", Workdir: workdir, UID: s.cfg.UID, GID: s.cfg.GID,
+			Hostname: "fn", Workdir: workdir, UID: s.cfg.UID, GID: s.cfg.GID, Seccomp: s.seccomp,
 		},
 	}, img, digests, nil
 }

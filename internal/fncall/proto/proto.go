@@ -1,103 +1,295 @@
-// Package proto is the wire between the node agent and warren-fninit, the
-// pid 1 of every FnCall container: newline-delimited JSON over one Unix
-// socket the agent passes as fd 3. It has no dependencies so that
-// warren-fninit stays a small binary that starts in about a millisecond.
+// Package proto is the wire between the node agent and warren-fninit
+// (cmd/warren-fninit/fninit.c), the launcher of FnCall containers and the
+// pid 1 of each. It is a small binary format so that the C side stays a
+// few hundred lines with nothing to parse but lengths:
 //
-// fninit starts in new mount, pid, IPC and UTS namespaces. The
-// conversation: the agent sends Setup; fninit builds the container's
-// root and answers Ready (or Error, and exits). The container then waits in
-// the pool. A call sends Files once and Run once per case (compile step
-// included), each answered by one Reply; Kill may arrive while a Run is
-// going on and ends it. Closing the socket ends fninit, and with it, as pid
-// 1, every process of the container.
+//	frame  = len u32 | type u8 | body          (len counts type and body)
+//	u64    = 8 bytes; bytes = n u32 | n bytes; strs = count u64 | bytes...
+//
+// all little-endian, the fields of each body in the order the encoders below
+// write them. File descriptors travel as SCM_RIGHTS on a frame's first byte.
+//
+// The launcher (its socket on fd 3, started once per node): MAKE (Setup,
+// with the container's network namespace attached) is answered by MADE
+// (the container's pid and an errno; on success its socket and a pidfd
+// attached), in order. EXITED tells that a container's pid 1 was reaped:
+// its whole pid namespace is gone by then.
+//
+// A container's socket: the container answers READY once its root is built
+// (or ERROR, and exits). A call sends FILES once, answered by DONE or
+// ERROR, and RUN once per case, answered by RESULT; KILL may arrive while a
+// run goes on and ends it. Closing the socket ends the container's pid 1,
+// and with it every process of the container.
 package proto
 
-// Fd is the file descriptor fninit finds its socket on; NetnsFd is the
-// network namespace (lo only, up) fninit joins: the agent recycles them
-// between containers, since nothing of a call survives in one.
-const (
-	Fd      = 3
-	NetnsFd = 4
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
 )
 
-// Message is what the agent sends; exactly one field is set.
-type Message struct {
-	Setup *Setup `json:"setup,omitempty"`
-	Files []File `json:"files,omitempty"`
-	Run   *Run   `json:"run,omitempty"`
-	Kill  string `json:"kill,omitempty"` // the reason, e.g. "cpu"
+// Message types; keep in step with fninit.c.
+const (
+	TypeMake   = 'M'
+	TypeMade   = 'm'
+	TypeExited = 'x'
+	TypeFiles  = 'F'
+	TypeRun    = 'R'
+	TypeKill   = 'K'
+	TypeReady  = 'r'
+	TypeDone   = 'k'
+	TypeError  = 'e'
+	TypeResult = 'o'
+)
+
+// Fd is the file descriptor the launcher finds its socket on.
+const Fd = 3
+
+// MaxFrame bounds a frame either side accepts.
+const MaxFrame = 256 << 20
+
+// Encoder builds one frame.
+type Encoder struct{ b []byte }
+
+// Frame starts a frame of type t, reusing e's buffer.
+func (e *Encoder) Frame(t byte) *Encoder {
+	e.b = append(e.b[:0], 0, 0, 0, 0, t)
+	return e
+}
+
+func (e *Encoder) U64(v int64) *Encoder {
+	e.b = binary.LittleEndian.AppendUint64(e.b, uint64(v))
+	return e
+}
+
+func (e *Encoder) Bytes(p []byte) *Encoder {
+	e.b = binary.LittleEndian.AppendUint32(e.b, uint32(len(p)))
+	e.b = append(e.b, p...)
+	return e
+}
+
+func (e *Encoder) Str(s string) *Encoder {
+	e.b = binary.LittleEndian.AppendUint32(e.b, uint32(len(s)))
+	e.b = append(e.b, s...)
+	return e
+}
+
+func (e *Encoder) Strs(v []string) *Encoder {
+	e.U64(int64(len(v)))
+	for _, s := range v {
+		e.Str(s)
+	}
+	return e
+}
+
+// Done fills in the length and returns the frame.
+func (e *Encoder) Done() ([]byte, error) {
+	if len(e.b)-4 > MaxFrame {
+		return nil, fmt.Errorf("message of %d bytes is over the %d-byte limit", len(e.b)-4, MaxFrame)
+	}
+	binary.LittleEndian.PutUint32(e.b, uint32(len(e.b)-4))
+	return e.b, nil
+}
+
+// Make encodes a MAKE.
+func Make(s *Setup) ([]byte, error) {
+	var e Encoder
+	e.Frame(TypeMake).Str(s.Scratch).U64(s.ScratchBytes).Str(s.Hostname).Str(s.Workdir).
+		U64(int64(s.UID)).U64(int64(s.GID)).Strs(s.Lower).Strs(s.Cgroups).Bytes(s.Seccomp)
+	return e.Done()
+}
+
+// FilesFrame encodes a FILES.
+func FilesFrame(files []File) ([]byte, error) {
+	var e Encoder
+	e.Frame(TypeFiles).U64(int64(len(files)))
+	for _, f := range files {
+		e.Str(f.Path).U64(int64(f.Mode)).Bytes(f.Data)
+	}
+	return e.Done()
+}
+
+// RunFrame encodes a RUN.
+func RunFrame(r *Run) ([]byte, error) {
+	var e Encoder
+	e.Frame(TypeRun).Strs(r.Argv).Strs(r.Env).Str(r.Dir).Bytes(r.Stdin).
+		U64(r.WallNs).U64(r.OutputBytes).U64(r.FileBytes).U64(r.CPUSeconds).U64(r.StackBytes)
+	return e.Done()
+}
+
+// KillFrame encodes a KILL.
+func KillFrame(reason string) []byte {
+	var e Encoder
+	b, _ := e.Frame(TypeKill).Str(reason).Done()
+	return b
+}
+
+// Decoder walks one frame's body; the first malformed field sets Err and
+// every later read returns zero.
+type Decoder struct {
+	b   []byte
+	Err error
+}
+
+var errShort = errors.New("fncall proto: malformed frame")
+
+func NewDecoder(body []byte) *Decoder { return &Decoder{b: body} }
+
+func (d *Decoder) U64() int64 {
+	if d.Err != nil || len(d.b) < 8 {
+		d.Err = errShort
+		return 0
+	}
+	v := binary.LittleEndian.Uint64(d.b)
+	d.b = d.b[8:]
+	return int64(v)
+}
+
+func (d *Decoder) Bytes() []byte {
+	if d.Err != nil || len(d.b) < 4 {
+		d.Err = errShort
+		return nil
+	}
+	n := int(binary.LittleEndian.Uint32(d.b))
+	if n > len(d.b)-4 {
+		d.Err = errShort
+		return nil
+	}
+	p := d.b[4 : 4+n : 4+n]
+	d.b = d.b[4+n:]
+	return p
+}
+
+func (d *Decoder) Str() string { return string(d.Bytes()) }
+
+// ReadFrame reads one frame from r: its type and body.
+func ReadFrame(r *bufio.Reader) (byte, []byte, error) {
+	var h [4]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return 0, nil, err
+	}
+	return readBody(r, binary.LittleEndian.Uint32(h[:]))
+}
+
+// ReadBody reads the rest of a frame whose length header was read.
+func ReadBody(r io.Reader, header [4]byte) (byte, []byte, error) {
+	return readBody(r, binary.LittleEndian.Uint32(header[:]))
+}
+
+func readBody(r io.Reader, n uint32) (byte, []byte, error) {
+	if n == 0 || n > MaxFrame {
+		return 0, nil, fmt.Errorf("fncall proto: bad frame length %d", n)
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return 0, nil, err
+	}
+	return b[0], b[1:], nil
+}
+
+// DecodeReply turns a container's frame into a Reply.
+func DecodeReply(t byte, body []byte) (Reply, error) {
+	d := NewDecoder(body)
+	var r Reply
+	switch t {
+	case TypeReady:
+		r.Ready = true
+	case TypeDone:
+	case TypeError:
+		r.Error = d.Str()
+		if r.Error == "" {
+			r.Error = "unknown error"
+		}
+	case TypeResult:
+		res := &RunResult{
+			ExitCode: int(d.U64()), Signal: int(d.U64()), StartError: d.Str(),
+			Stdout: d.Bytes(), Stderr: d.Bytes(), StdoutBytes: d.U64(), StderrBytes: d.U64(),
+			Killed: d.Str(), WallNs: d.U64(), CPUNs: d.U64(), MaxRSSKiB: d.U64(),
+		}
+		r.Result = res
+	default:
+		return r, fmt.Errorf("fncall proto: unexpected message type %q from a container", t)
+	}
+	return r, d.Err
 }
 
 // Setup describes the container's root filesystem and identity.
 type Setup struct {
 	// Lower are the read-only layer directories, top first (overlayfs
 	// lowerdir order).
-	Lower []string `json:"lower"`
+	Lower []string
 	// Scratch is an empty host directory fninit mounts a tmpfs of
 	// ScratchBytes on, private to its mount namespace; the overlay's
 	// upper and work dirs live there, so every write of the container
 	// goes to memory charged to its cgroup and vanishes with it.
-	Scratch      string `json:"scratch"`
-	ScratchBytes int64  `json:"scratch_bytes"`
-	Hostname     string `json:"hostname"`
+	Scratch      string
+	ScratchBytes int64
+	Hostname     string
+	// Cgroups are the cgroup.procs files pid 1 writes itself into first.
+	Cgroups []string
+	// Seccomp is the filter's program, struct sock_filter in the host's
+	// layout (8 bytes each), loaded last; empty loads none.
+	Seccomp []byte
 	// Workdir is created and given to UID:GID (the runs' identity).
-	Workdir string `json:"workdir"`
-	UID     int    `json:"uid"`
-	GID     int    `json:"gid"`
+	Workdir string
+	UID     int
+	GID     int
 }
 
 // File is written under Setup.Workdir, owned by UID:GID.
 type File struct {
-	Path string `json:"path"`
-	Data []byte `json:"data"`
-	Mode uint32 `json:"mode"`
+	Path string
+	Data []byte
+	Mode uint32
 }
 
 // Run is one process to run to completion.
 type Run struct {
-	Argv  []string `json:"argv"` // argv[0] looked up in Env's PATH
-	Env   []string `json:"env"`
-	Dir   string   `json:"dir"`
-	Stdin []byte   `json:"stdin,omitempty"`
+	Argv  []string // argv[0] looked up in Env's PATH
+	Env   []string
+	Dir   string
+	Stdin []byte
 	// WallNs kills the run after this long (0: never).
-	WallNs int64 `json:"wall_ns"`
+	WallNs int64
 	// OutputBytes caps stdout and stderr each; past it the run is killed
 	// (OutputLimit). FileBytes is RLIMIT_FSIZE, CPUSeconds RLIMIT_CPU (a
 	// backstop: the agent watches CPU time in the cgroup), StackBytes
 	// RLIMIT_STACK; 0 leaves a limit as it is.
-	OutputBytes int64 `json:"output_bytes"`
-	FileBytes   int64 `json:"file_bytes"`
-	CPUSeconds  int64 `json:"cpu_seconds"`
-	StackBytes  int64 `json:"stack_bytes"`
+	OutputBytes int64
+	FileBytes   int64
+	CPUSeconds  int64
+	StackBytes  int64
 }
 
 // Reply answers Setup (Ready), Files and Run; Error is set when the
 // platform, not the program, failed.
 type Reply struct {
-	Ready  bool       `json:"ready,omitempty"`
-	Result *RunResult `json:"result,omitempty"`
-	Error  string     `json:"error,omitempty"`
+	Ready  bool
+	Result *RunResult
+	Error  string
 }
 
 // RunResult is how a Run ended.
 type RunResult struct {
 	// ExitCode, or Signal (a number) when killed by one.
-	ExitCode int `json:"exit_code"`
-	Signal   int `json:"signal,omitempty"`
+	ExitCode int
+	Signal   int
 	// StartError is set when the program could not be started at all
 	// (not found, not executable): the program's fault, not the platform's.
-	StartError string `json:"start_error,omitempty"`
-	Stdout     []byte `json:"stdout"`
-	Stderr     []byte `json:"stderr"`
+	StartError string
+	Stdout     []byte
+	Stderr     []byte
 	// Totals written, kept or not.
-	StdoutBytes int64 `json:"stdout_bytes"`
-	StderrBytes int64 `json:"stderr_bytes"`
+	StdoutBytes int64
+	StderrBytes int64
 	// Why fninit killed the run, if it did: "wall", "output", or the
 	// reason a Kill gave.
-	Killed string `json:"killed,omitempty"`
-	WallNs int64  `json:"wall_ns"`
+	Killed string
+	WallNs int64
 	// From wait4 for the run's process and the descendants it waited
 	// for; the agent prefers the cgroup's figures.
-	CPUNs     int64 `json:"cpu_ns"`
-	MaxRSSKiB int64 `json:"max_rss_kib"`
+	CPUNs     int64
+	MaxRSSKiB int64
 }

@@ -1,9 +1,9 @@
-package fninit
+package fncall
 
 import (
+	"encoding/binary"
 	"fmt"
 	"runtime"
-	"unsafe"
 
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
@@ -95,27 +95,19 @@ func filter() ([]bpf.RawInstruction, error) {
 	return bpf.Assemble(p)
 }
 
-// installSeccomp sets no_new_privs and loads the filter on every thread of
-// this process (Go has several), so that whichever thread forks a run, the
-// run inherits it.
-func installSeccomp() error {
+// seccompProgram is the filter as the kernel takes it, struct sock_filter
+// after struct sock_filter, for the launcher to load into each container's
+// pid 1 (which every run inherits) after no_new_privs.
+func seccompProgram() ([]byte, error) {
 	raw, err := filter()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	prog := make([]unix.SockFilter, len(raw))
-	for i, ins := range raw {
-		prog[i] = unix.SockFilter{Code: ins.Op, Jt: ins.Jt, Jf: ins.Jf, K: ins.K}
+	out := make([]byte, 0, 8*len(raw))
+	for _, ins := range raw {
+		out = binary.NativeEndian.AppendUint16(out, ins.Op)
+		out = append(out, ins.Jt, ins.Jf)
+		out = binary.NativeEndian.AppendUint32(out, ins.K)
 	}
-	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
-	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		return fmt.Errorf("no_new_privs: %w", err)
-	}
-	_, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER,
-		unix.SECCOMP_FILTER_FLAG_TSYNC, uintptr(unsafe.Pointer(&fprog)))
-	runtime.KeepAlive(prog)
-	if errno != 0 {
-		return fmt.Errorf("seccomp: %w", errno)
-	}
-	return nil
+	return out, nil
 }
