@@ -144,6 +144,10 @@ type FnRuntime struct {
 	Busy      int      `json:"busy"`             // calls running
 	PoolMin   int      `json:"pool_min"`
 	PoolMax   int      `json:"pool_max"`
+	// Root is "read-only" (the environment's files cannot be written; a
+	// program writes in /box, /tmp and /dev/shm) or "overlay" (anywhere,
+	// in memory); empty until the environment is resolved.
+	Root string `json:"root,omitempty"`
 }
 
 // FnRuntimeList is the body of GET /v1/fn/runtimes.

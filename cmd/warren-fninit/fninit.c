@@ -52,6 +52,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
@@ -321,7 +322,7 @@ static char *join(const char *a, const char *b) {
 // setup is what MAKE carries.
 typedef struct {
 	char *scratch, *hostname, *workdir;
-	uint64_t scratch_bytes, uid, gid;
+	uint64_t scratch_bytes, uid, gid, readonly;
 	char **lower, **cgroups;
 	struct sock_filter *filter;
 	size_t filter_len;
@@ -337,31 +338,33 @@ static setup_t S;
 		}                                                                                                      \
 	} while (0)
 
-static const char *devices[] = {"null", "zero", "full", "random", "urandom", NULL};
+// devices are made in the container's tmpfs /dev (nodes, not binds: no
+// mount to make or tear down). No tty: it would reach the agent's terminal.
+static const struct {
+	const char *name;
+	unsigned minor; // major 1, the memory devices
+} devices[] = {{"null", 3}, {"zero", 5}, {"full", 7}, {"random", 8}, {"urandom", 9}, {NULL, 0}};
 
-// populate mounts /proc and /dev and makes /tmp and the workdir inside root
-// (the current directory).
+// populate mounts /proc and /dev inside root (the current directory).
 static void populate(void) {
 	const unsigned long nsd = MS_NOSUID | MS_NODEV | MS_NOEXEC;
 	mkdir("proc", 0755);
 	mkdir("dev", 0755);
 	CHECK(mount("proc", "proc", "proc", nsd, "subset=pid,hidepid=invisible"), "mount /proc");
-	CHECK(mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64k"), "mount /dev");
-	char p[64], h[64];
-	for (const char **d = devices; *d; d++) {
-		snprintf(p, sizeof p, "dev/%s", *d);
-		snprintf(h, sizeof h, "/dev/%s", *d);
-		int fd = open(p, O_CREAT | O_WRONLY | O_CLOEXEC, 0666);
-		CHECK(fd, p);
-		close(fd);
-		CHECK(mount(h, p, NULL, MS_BIND, NULL), "bind device");
+	CHECK(mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64m"), "mount /dev");
+	char p[64];
+	for (int i = 0; devices[i].name; i++) {
+		snprintf(p, sizeof p, "dev/%s", devices[i].name);
+		CHECK(mknod(p, S_IFCHR | 0666, makedev(1, devices[i].minor)), p);
+		CHECK(chmod(p, 0666), p); // past the umask
 	}
 	CHECK(symlink("/proc/self/fd", "dev/fd"), "dev/fd");
 	CHECK(symlink("/proc/self/fd/0", "dev/stdin"), "dev/stdin");
 	CHECK(symlink("/proc/self/fd/1", "dev/stdout"), "dev/stdout");
 	CHECK(symlink("/proc/self/fd/2", "dev/stderr"), "dev/stderr");
-	CHECK(mkdir("dev/shm", 0755), "dev/shm");
-	CHECK(mount("shm", "dev/shm", "tmpfs", nsd, "mode=1777,size=64m"), "mount /dev/shm");
+	// /dev/shm shares the /dev tmpfs (64 MiB, charged to the container).
+	CHECK(mkdir("dev/shm", 01777), "dev/shm");
+	CHECK(chmod("dev/shm", 01777), "dev/shm");
 }
 
 // mkdirs makes path (relative to the current directory) and its parents.
@@ -384,7 +387,19 @@ static int mkdirs(const char *path, mode_t mode) {
 	return 0;
 }
 
-// build_root makes the container's root and moves into it; see the top.
+// build_root makes the container's root and moves into it (see the top).
+// Every write of the container goes to one tmpfs, the scratch, capped at
+// scratch_bytes and charged to the container's cgroup. Two shapes:
+//
+// read-only (one layer that has the mount points): the layer's own mount
+// bound read-only, the scratch's tmp/ and box/ bound on /tmp and the
+// workdir. Lookups hit the layer's dentries, warm from every container
+// before this one, so a program starts as fast as on the host.
+//
+// overlay: the layers under an overlay whose upper dir is on the scratch;
+// the program may write anywhere. Each overlay starts with no dentries, so
+// every path a program looks up costs a lookup through the layers (~1 ms
+// for a python start).
 static void build_root(void) {
 	char opts[8192], sz[64] = "";
 	CHECK(mount("", "/", NULL, MS_REC | MS_PRIVATE, NULL), "make / private");
@@ -394,25 +409,40 @@ static void build_root(void) {
 	CHECK(mount("tmpfs", S.scratch, "tmpfs", MS_NOSUID | MS_NODEV, opts), "mount scratch tmpfs");
 	CHECK(chdir(S.scratch), "chdir scratch");
 	CHECK(mkdir("root", 0755), "mkdir root");
-	CHECK(mkdir("upper", 0755), "mkdir upper");
-	CHECK(mkdir("work", 0755), "mkdir work");
-	size_t n = snprintf(opts, sizeof opts, "lowerdir=");
-	for (char **l = S.lower; *l && n < sizeof opts; l++)
-		n += snprintf(opts + n, sizeof opts - n, "%s%s", l == S.lower ? "" : ":", *l);
-	if (n < sizeof opts)
-		n += snprintf(opts + n, sizeof opts - n, ",upperdir=%s/upper,workdir=%s/work", S.scratch, S.scratch);
-	if (n >= sizeof opts) {
-		reply_error(SOCK_FD, "overlay options too long");
-		_exit(1);
-	}
-	CHECK(mount("overlay", "root", "overlay", MS_NOSUID | MS_NODEV, opts), "mount overlay");
-	CHECK(chdir("root"), "chdir root");
-	mkdir("tmp", 01777);
-	CHECK(chmod("tmp", 01777), "chmod /tmp");
-	populate();
 	const char *wd = S.workdir + 1; // relative to the new root
-	CHECK(mkdirs(wd, 0755), "make workdir");
-	CHECK(chown(wd, S.uid, S.gid), "chown workdir");
+	if (S.readonly) {
+		CHECK(mkdir("tmp", 01777), "mkdir tmp");
+		CHECK(chmod("tmp", 01777), "chmod tmp");
+		CHECK(mkdir("box", 0755), "mkdir box");
+		CHECK(chown("box", S.uid, S.gid), "chown workdir");
+		CHECK(mount(S.lower[0], "root", NULL, MS_BIND, NULL), "bind root");
+		CHECK(mount(NULL, "root", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL),
+		      "remount root read-only");
+		CHECK(mount("tmp", "root/tmp", NULL, MS_BIND, NULL), "bind /tmp");
+		snprintf(opts, sizeof opts, "root/%s", wd);
+		CHECK(mount("box", opts, NULL, MS_BIND, NULL), "bind workdir");
+		CHECK(chdir("root"), "chdir root");
+	} else {
+		CHECK(mkdir("upper", 0755), "mkdir upper");
+		CHECK(mkdir("work", 0755), "mkdir work");
+		size_t n = snprintf(opts, sizeof opts, "lowerdir=");
+		for (char **l = S.lower; *l && n < sizeof opts; l++)
+			n += snprintf(opts + n, sizeof opts - n, "%s%s", l == S.lower ? "" : ":", *l);
+		if (n < sizeof opts)
+			n += snprintf(opts + n, sizeof opts - n, ",upperdir=%s/upper,workdir=%s/work", S.scratch,
+				      S.scratch);
+		if (n >= sizeof opts) {
+			reply_error(SOCK_FD, "overlay options too long");
+			_exit(1);
+		}
+		CHECK(mount("overlay", "root", "overlay", MS_NOSUID | MS_NODEV, opts), "mount overlay");
+		CHECK(chdir("root"), "chdir root");
+		mkdir("tmp", 01777);
+		CHECK(chmod("tmp", 01777), "chmod /tmp");
+		CHECK(mkdirs(wd, 0755), "make workdir");
+		CHECK(chown(wd, S.uid, S.gid), "chown workdir");
+	}
+	populate();
 	// pivot_root(".", ".") stacks the old root under the new one; detaching
 	// it leaves nothing of the host reachable.
 	CHECK(syscall(SYS_pivot_root, ".", "."), "pivot_root");
@@ -899,6 +929,7 @@ static int parse_setup(reader *rd) {
 	S.workdir = get_str(rd);
 	S.uid = get_u64(rd);
 	S.gid = get_u64(rd);
+	S.readonly = get_u64(rd);
 	S.lower = get_strs(rd);
 	S.cgroups = get_strs(rd);
 	size_t n;

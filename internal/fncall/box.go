@@ -26,6 +26,7 @@ type box struct {
 	enc     proto.Encoder
 	replies chan proto.Reply // closed when the container's socket ends
 	cg      *cgroup
+	cgroups *cgroupPool // cg goes back there
 	created time.Time
 	exited  chan struct{} // closed when pid 1 has been reaped: every process of the box is gone
 	// netns is the box's network namespace, back to netnsPool once every
@@ -36,29 +37,35 @@ type box struct {
 
 // boxSpec is what newBox needs; a pool fills it in from its runtime.
 type boxSpec struct {
-	launcher     func() (*launcher, error)
-	cgroupParent string
-	setup        proto.Setup
-	cpus         float64
-	idleMemory   int64 // the limit while waiting in the pool
-	netns        *netnsPool
+	launcher   func() (*launcher, error)
+	cgroups    *cgroupPool
+	setup      proto.Setup
+	cpus       float64
+	idleMemory int64 // the limit while waiting in the pool
+	netns      *netnsPool
 }
 
 // newBox has the launcher make a container and waits until it is ready. On
 // error nothing is left behind.
 func newBox(ctx context.Context, spec boxSpec) (b *box, err error) {
-	id := "fn-" + randomHex(6)
-	cg, err := newCgroup(spec.cgroupParent, id)
+	cg, err := spec.cgroups.get()
 	if err != nil {
 		return nil, err
 	}
-	b = &box{id: id, cg: cg, pidfd: -1, replies: make(chan proto.Reply, 1), created: time.Now()}
+	b = &box{id: "fn-" + randomHex(6), cg: cg, cgroups: spec.cgroups, pidfd: -1,
+		replies: make(chan proto.Reply, 1), created: time.Now()}
 	defer func() {
 		if err != nil {
 			b.destroy()
 		}
 	}()
-	if err := cg.setMemory(spec.idleMemory); err != nil {
+	// A recycled cgroup may still be charged for page cache a container
+	// before this one read: the idle allowance goes on top.
+	used, err := readInt(cg.memUsage)
+	if err != nil {
+		return b, err
+	}
+	if err := cg.setMemory(used + spec.idleMemory); err != nil {
 		return b, err
 	}
 	if spec.cpus > 0 {
@@ -185,7 +192,7 @@ func (b *box) destroy() error {
 			b.netns.Close()
 		}
 	}
-	return b.cg.remove()
+	return b.cgroups.put(b.cg)
 }
 
 func randomHex(n int) string {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/warrenhq/warren/internal/errdefs"
@@ -21,11 +22,22 @@ const cgroupRoot = "/sys/fs/cgroup"
 var controllers = []string{"memory", "cpu", "cpuacct", "pids"}
 
 // cgroup is one box's cgroups: its memory, CPU and pid limits, and the
-// counters a run's accounting reads. cgroup v1 only so far: on a v2 host
+// counters a run's accounting reads. The files a call touches stay open
+// (one pread or pwrite each, no path walk), and the limits last written are
+// remembered so that only changes are written. cgroups are recycled between
+// boxes (cgroupPool): nothing of a call is kept in one but counters, which
+// every run reads as differences. cgroup v1 only so far: on a v2 host
 // checkCgroups says so and FnCall is unavailable (the container backend,
 // through runc, works on both).
 type cgroup struct {
 	dirs map[string]string // controller -> directory
+
+	cpuUsage, memUsage, memMax, memFailcnt, memLimit, memswLimit, oomControl *os.File
+	pidsCurrent, pidsMax, pidsEvents                                         *os.File
+	cpuPeriod, cpuQuota                                                      *os.File
+
+	limit, pids int64   // last written memory limit and pids.max (0: unknown)
+	cpus        float64 // last written CPU bandwidth
 }
 
 // checkCgroups reports whether this host has the v1 hierarchies FnCall
@@ -39,7 +51,7 @@ func checkCgroups() error {
 	return nil
 }
 
-// newCgroup makes parent/name under every controller.
+// newCgroup makes parent/name under every controller and opens its files.
 func newCgroup(parent, name string) (*cgroup, error) {
 	cg := &cgroup{dirs: map[string]string{}}
 	for _, c := range controllers {
@@ -50,21 +62,35 @@ func newCgroup(parent, name string) (*cgroup, error) {
 		}
 		cg.dirs[c] = d
 	}
-	return cg, nil
-}
-
-func (cg *cgroup) file(ctrl, name string) string { return filepath.Join(cg.dirs[ctrl], name) }
-
-func (cg *cgroup) write(ctrl, name string, v int64) error {
-	return os.WriteFile(cg.file(ctrl, name), []byte(strconv.FormatInt(v, 10)), 0)
-}
-
-func (cg *cgroup) read(ctrl, name string) (int64, error) {
-	b, err := os.ReadFile(cg.file(ctrl, name))
-	if err != nil {
-		return 0, err
+	var err error
+	open := func(ctrl, name string, flag int) *os.File {
+		if err != nil {
+			return nil
+		}
+		var f *os.File
+		f, err = os.OpenFile(filepath.Join(cg.dirs[ctrl], name), flag, 0)
+		return f
 	}
-	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	cg.cpuUsage = open("cpuacct", "cpuacct.usage", os.O_RDONLY)
+	cg.memUsage = open("memory", "memory.usage_in_bytes", os.O_RDONLY)
+	cg.memMax = open("memory", "memory.max_usage_in_bytes", os.O_RDWR)
+	cg.memFailcnt = open("memory", "memory.failcnt", os.O_RDWR)
+	cg.memLimit = open("memory", "memory.limit_in_bytes", os.O_RDWR)
+	cg.oomControl = open("memory", "memory.oom_control", os.O_RDONLY)
+	cg.pidsCurrent = open("pids", "pids.current", os.O_RDONLY)
+	cg.pidsMax = open("pids", "pids.max", os.O_WRONLY)
+	cg.pidsEvents = open("pids", "pids.events", os.O_RDONLY)
+	cg.cpuPeriod = open("cpu", "cpu.cfs_period_us", os.O_WRONLY)
+	cg.cpuQuota = open("cpu", "cpu.cfs_quota_us", os.O_WRONLY)
+	if err == nil {
+		// Where the kernel accounts swap (swapaccount=1).
+		cg.memswLimit, _ = os.OpenFile(filepath.Join(cg.dirs["memory"], "memory.memsw.limit_in_bytes"), os.O_RDWR, 0)
+	}
+	if err != nil {
+		cg.remove()
+		return nil, fmt.Errorf("cgroup files: %w", err)
+	}
+	return cg, nil
 }
 
 // procsFiles are the cgroup.procs files a process writes itself into to
@@ -72,7 +98,7 @@ func (cg *cgroup) read(ctrl, name string) (int64, error) {
 func (cg *cgroup) procsFiles() []string {
 	var out []string
 	for _, c := range controllers {
-		f := cg.file(c, "cgroup.procs")
+		f := filepath.Join(cg.dirs[c], "cgroup.procs")
 		if !slices.Contains(out, f) {
 			out = append(out, f)
 		}
@@ -80,86 +106,149 @@ func (cg *cgroup) procsFiles() []string {
 	return out
 }
 
+func writeInt(f *os.File, v int64) error {
+	_, err := f.WriteAt([]byte(strconv.FormatInt(v, 10)), 0)
+	return err
+}
+
+func readInt(f *os.File) (int64, error) {
+	var b [32]byte
+	n, err := f.ReadAt(b[:], 0)
+	if n == 0 && err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(b[:n])), 10, 64)
+}
+
 // setCPUs caps the box at cores CPUs of bandwidth.
 func (cg *cgroup) setCPUs(cores float64) error {
+	if cores == cg.cpus {
+		return nil
+	}
 	const period = 100_000
-	if err := cg.write("cpu", "cpu.cfs_period_us", period); err != nil {
+	if err := writeInt(cg.cpuPeriod, period); err != nil {
 		return err
 	}
-	return cg.write("cpu", "cpu.cfs_quota_us", int64(cores*period))
+	if err := writeInt(cg.cpuQuota, int64(cores*period)); err != nil {
+		return err
+	}
+	cg.cpus = cores
+	return nil
 }
 
 // setMemory sets the limit, for swap too where the kernel accounts it, so a
 // run never swaps its way past it. Limits only ever get set above current
 // usage (the caller adds to it), which the kernel accepts.
 func (cg *cgroup) setMemory(limit int64) error {
-	// memsw must stay >= the memory limit: raise it first, lower it last.
-	sw := cg.file("memory", "memory.memsw.limit_in_bytes")
-	_, swErr := os.Stat(sw)
-	old, _ := cg.read("memory", "memory.limit_in_bytes")
-	if swErr == nil && limit > old {
-		if err := cg.write("memory", "memory.memsw.limit_in_bytes", limit); err != nil {
+	if limit == cg.limit {
+		return nil
+	}
+	old := cg.limit
+	if old == 0 {
+		var err error
+		if old, err = readInt(cg.memLimit); err != nil {
 			return err
 		}
 	}
-	if err := cg.write("memory", "memory.limit_in_bytes", limit); err != nil {
+	// memsw must stay >= the memory limit: raise it first, lower it last.
+	if cg.memswLimit != nil && limit > old {
+		if err := writeInt(cg.memswLimit, limit); err != nil {
+			return err
+		}
+	}
+	if err := writeInt(cg.memLimit, limit); err != nil {
 		return err
 	}
-	if swErr == nil && limit <= old {
-		return cg.write("memory", "memory.memsw.limit_in_bytes", limit)
+	if cg.memswLimit != nil && limit <= old {
+		if err := writeInt(cg.memswLimit, limit); err != nil {
+			return err
+		}
 	}
+	cg.limit = limit
 	return nil
 }
 
-// counters are read before and after a run.
+// setPids sets pids.max.
+func (cg *cgroup) setPids(n int64) error {
+	if n == cg.pids {
+		return nil
+	}
+	if err := writeInt(cg.pidsMax, n); err != nil {
+		return err
+	}
+	cg.pids = n
+	return nil
+}
+
+// counters are read before and after a run; the accounting is their
+// differences, so a recycled cgroup's history does not matter.
 type counters struct {
 	cpuNs     int64 // cpuacct.usage
-	memory    int64 // usage_in_bytes
-	peak      int64 // max_usage_in_bytes
+	memory    int64 // usage_in_bytes (before a run)
+	peak      int64 // max_usage_in_bytes (after a run; reset before it)
 	failcnt   int64
 	oomKill   int64
 	forkFails int64 // pids.events "max": forks refused at pids.max
 }
 
-func (cg *cgroup) counters() (c counters, err error) {
-	read := func(ctrl, name string, v *int64) {
-		if err == nil {
-			*v, err = cg.read(ctrl, name)
-		}
-	}
-	read("cpuacct", "cpuacct.usage", &c.cpuNs)
-	read("memory", "memory.usage_in_bytes", &c.memory)
-	read("memory", "memory.max_usage_in_bytes", &c.peak)
-	read("memory", "memory.failcnt", &c.failcnt)
-	if err != nil {
+// before reads what a run's accounting starts from.
+func (cg *cgroup) before() (c counters, err error) {
+	if c.cpuNs, err = readInt(cg.cpuUsage); err != nil {
 		return c, err
 	}
-	if c.oomKill, err = cg.event("memory", "memory.oom_control", "oom_kill"); err != nil {
+	if c.memory, err = readInt(cg.memUsage); err != nil {
 		return c, err
 	}
-	c.forkFails, err = cg.event("pids", "pids.events", "max")
+	if c.failcnt, err = readInt(cg.memFailcnt); err != nil {
+		return c, err
+	}
+	if c.oomKill, err = event(cg.oomControl, "oom_kill"); err != nil {
+		return c, err
+	}
+	c.forkFails, err = event(cg.pidsEvents, "max")
+	return c, err
+}
+
+// after reads the counters a run changed. (memory.failcnt alone does not
+// tell an OOM kill: this kernel leaves it at 0 through one.)
+func (cg *cgroup) after() (c counters, err error) {
+	if c.cpuNs, err = readInt(cg.cpuUsage); err != nil {
+		return c, err
+	}
+	if c.peak, err = readInt(cg.memMax); err != nil {
+		return c, err
+	}
+	if c.failcnt, err = readInt(cg.memFailcnt); err != nil {
+		return c, err
+	}
+	if c.oomKill, err = event(cg.oomControl, "oom_kill"); err != nil {
+		return c, err
+	}
+	c.forkFails, err = event(cg.pidsEvents, "max")
 	return c, err
 }
 
 // cpuNs is the CPU time used by every process of the box so far.
-func (cg *cgroup) cpuNs() (int64, error) { return cg.read("cpuacct", "cpuacct.usage") }
+func (cg *cgroup) cpuNs() (int64, error) { return readInt(cg.cpuUsage) }
 
 // resetPeak starts max_usage_in_bytes afresh at the current usage.
-func (cg *cgroup) resetPeak() error {
-	if err := cg.write("memory", "memory.max_usage_in_bytes", 0); err != nil {
-		return err
-	}
-	return cg.write("memory", "memory.failcnt", 0)
+func (cg *cgroup) resetPeak() error { return writeInt(cg.memMax, 0) }
+
+// empty reports whether no process is left in the cgroup.
+func (cg *cgroup) empty() bool {
+	n, err := readInt(cg.pidsCurrent)
+	return err == nil && n == 0
 }
 
 // event reads one "key value" line of a flat keyed file; a key the kernel
 // does not have reads as 0 (old kernels lack oom_kill: failcnt still tells).
-func (cg *cgroup) event(ctrl, file, key string) (int64, error) {
-	b, err := os.ReadFile(cg.file(ctrl, file))
-	if err != nil {
+func event(f *os.File, key string) (int64, error) {
+	var b [512]byte
+	n, err := f.ReadAt(b[:], 0)
+	if n == 0 && err != nil {
 		return 0, err
 	}
-	for _, line := range strings.Split(string(b), "\n") {
+	for _, line := range strings.Split(string(b[:n]), "\n") {
 		if v, ok := strings.CutPrefix(line, key+" "); ok {
 			return strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 		}
@@ -175,9 +264,19 @@ func removeParent(parent string) {
 	}
 }
 
+func (cg *cgroup) closeFiles() {
+	for _, f := range []*os.File{cg.cpuUsage, cg.memUsage, cg.memMax, cg.memFailcnt, cg.memLimit, cg.memswLimit,
+		cg.oomControl, cg.pidsCurrent, cg.pidsMax, cg.pidsEvents, cg.cpuPeriod, cg.cpuQuota} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
 // remove deletes the cgroups, waiting briefly for exiting processes to
 // leave them (a dying pid namespace empties asynchronously).
 func (cg *cgroup) remove() error {
+	cg.closeFiles()
 	var errs []error
 	for c, d := range cg.dirs {
 		var err error
@@ -193,4 +292,59 @@ func (cg *cgroup) remove() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// cgroupPool recycles the cgroups of destroyed boxes: making and removing
+// the four directories of a box cost more than the rest of the agent's
+// work for a call. A cgroup comes back only once empty.
+type cgroupPool struct {
+	parent string
+	max    int
+
+	mu     sync.Mutex
+	free   []*cgroup
+	closed bool
+}
+
+func newCgroupPool(parent string, max int) *cgroupPool {
+	return &cgroupPool{parent: parent, max: max}
+}
+
+// get returns a recycled cgroup or makes one.
+func (p *cgroupPool) get() (*cgroup, error) {
+	p.mu.Lock()
+	if n := len(p.free); n > 0 {
+		cg := p.free[n-1]
+		p.free = p.free[:n-1]
+		p.mu.Unlock()
+		return cg, nil
+	}
+	p.mu.Unlock()
+	return newCgroup(p.parent, "fn-"+randomHex(6))
+}
+
+// put takes back a cgroup whose box is gone: kept if it is empty and there
+// is room, else removed.
+func (p *cgroupPool) put(cg *cgroup) error {
+	if cg.empty() {
+		p.mu.Lock()
+		if !p.closed && len(p.free) < p.max {
+			p.free = append(p.free, cg)
+			p.mu.Unlock()
+			return nil
+		}
+		p.mu.Unlock()
+	}
+	return cg.remove()
+}
+
+// close removes every free cgroup; later puts remove theirs.
+func (p *cgroupPool) close() {
+	p.mu.Lock()
+	free := p.free
+	p.free, p.closed = nil, true
+	p.mu.Unlock()
+	for _, cg := range free {
+		_ = cg.remove()
+	}
 }

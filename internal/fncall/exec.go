@@ -94,19 +94,15 @@ func (b *box) execRaw(ctx context.Context, run proto.Run, lim limits) (api.FnCas
 // prepare sets the box's limits for the next run and returns the counters
 // before it.
 func (b *box) prepare(lim limits) (counters, error) {
-	c, err := b.cg.counters()
+	c, err := b.cg.before()
 	if err != nil {
 		return c, err
 	}
 	if err := b.cg.setMemory(c.memory + lim.memory); err != nil {
 		return c, err
 	}
-	// fninit's own threads count against pids.max: leave it its share.
-	cur, err := b.cg.read("pids", "pids.current")
-	if err != nil {
-		return c, err
-	}
-	if err := b.cg.write("pids", "pids.max", cur+lim.pids); err != nil {
+	// Between runs pid 1 is alone and single-threaded: it counts as one.
+	if err := b.cg.setPids(1 + lim.pids); err != nil {
 		return c, err
 	}
 	if err := b.cg.resetPeak(); err != nil {
@@ -117,7 +113,7 @@ func (b *box) prepare(lim limits) (counters, error) {
 
 // classify turns fninit's report and the cgroup's counters into a result.
 func (b *box) classify(r *proto.RunResult, before counters, lim limits) (api.FnCaseResult, error) {
-	after, err := b.cg.counters()
+	after, err := b.cg.after()
 	if err != nil {
 		return api.FnCaseResult{}, err
 	}
@@ -150,7 +146,7 @@ func (b *box) classify(r *proto.RunResult, before counters, lim limits) (api.FnC
 		return res, errors.New("call cancelled")
 	case r.Killed != "":
 		return res, fmt.Errorf("run killed: %s", r.Killed)
-	case oom || (r.ExitCode != 0 && after.failcnt > 0):
+	case oom || (r.ExitCode != 0 && after.failcnt > before.failcnt):
 		res.Status, res.Message = api.FnMemoryLimit, fmt.Sprintf("memory limit %d bytes", lim.memory)
 	case sig == syscall.SIGXFSZ:
 		res.Status, res.Message = api.FnOutputLimit, fmt.Sprintf("file size limit %d bytes", lim.fileSize)

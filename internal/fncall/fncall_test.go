@@ -251,20 +251,40 @@ func TestStatuses(t *testing.T) {
 	}
 }
 
+// TestIsolation checks what a program sees, in both shapes of root.
 func TestIsolation(t *testing.T) {
-	s := newService(t, PoolConfig{Min: 1, Max: 4})
+	for _, writable := range []bool{false, true} {
+		root := map[bool]string{false: "read-only", true: "overlay"}[writable]
+		t.Run(root, func(t *testing.T) {
+			requireFn(t)
+			rt := Runtime{Name: "sh", Env: "busybox@1", Source: "main.sh", Run: []string{"sh", "main.sh"},
+				WritableRoot: writable, Pool: PoolConfig{Min: 1, Max: 4}}
+			s := startService(t, map[string]backend.Layer{"busybox@1": imagetest.BusyboxLayer(t)}, rt)
+			testIsolation(t, s, root)
+		})
+	}
+}
+
+func testIsolation(t *testing.T, s *Service, root string) {
 	c := one(t, run(t, s, sh(`
 echo "uid=$(id -u) host=$(hostname) pwd=$(pwd)"
 echo "ifaces=$(ls /sys/class/net 2>/dev/null; cat /proc/self/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' ' | tr '\n' ,)"
 echo "procs=$(ls /proc | grep -c '^[0-9]')"
 echo "devs=$(ls /dev | tr '\n' ,)"
-touch /tmp/mark /box/mark
+touch /tmp/mark /box/mark /dev/shm/mark && echo writes=ok
+touch /etc/mark 2>&1 | grep -q Read-only && echo etc=rofs || echo etc=writable
+echo x > /dev/null && head -c 4 /dev/zero | wc -c | tr -d ' ' | sed 's/^/zero=/'
 unshare -U true 2>/dev/null && echo userns=yes || echo userns=no
 mount -t tmpfs x /tmp 2>/dev/null && echo mount=yes || echo mount=no
+mknod /tmp/null c 1 3 2>/dev/null && echo mknod=yes || echo mknod=no
 ls /sys 2>/dev/null | head -1
 grep -E '^(CapBnd|CapEff|NoNewPrivs|Seccomp):' /proc/self/status | tr -s '\t ' ' '
 `)))
-	for _, want := range []string{"uid=65534 host=fn pwd=/box", "ifaces=lo,", "devs=fd,full,null,random,shm,stderr,stdin,stdout,urandom,zero,", "userns=no", "mount=no",
+	// Both refuse nobody a write in /etc; only one says the filesystem is
+	// read-only.
+	etc := map[string]string{"read-only": "etc=rofs", "overlay": "etc=writable"}[root]
+	for _, want := range []string{"uid=65534 host=fn pwd=/box", "ifaces=lo,", "devs=fd,full,null,random,shm,stderr,stdin,stdout,urandom,zero,",
+		"writes=ok", etc, "zero=4", "userns=no", "mount=no", "mknod=no",
 		"CapBnd: 0000000000000000", "CapEff: 0000000000000000", "NoNewPrivs: 1", "Seccomp: 2"} {
 		if !strings.Contains(c.Stdout, want+"\n") {
 			t.Errorf("want %q in:\n%s", want, c.Stdout)
@@ -274,9 +294,12 @@ grep -E '^(CapBnd|CapEff|NoNewPrivs|Seccomp):' /proc/self/status | tr -s '\t ' '
 	if strings.Contains(c.Stdout, "procs=0\n") || !strings.Contains(c.Stdout, "procs=") {
 		t.Errorf("procs: %s", c.Stdout)
 	}
+	if got := s.Runtimes(context.Background())[0].Root; got != root {
+		t.Errorf("runtime listing says root %q, want %q", got, root)
+	}
 	// A fresh container per call: nothing from the last one.
-	c = one(t, run(t, s, sh("ls /tmp/mark /box/mark 2>&1; true")))
-	if !strings.Contains(c.Stdout, "No such file") || strings.Count(c.Stdout, "No such file") != 2 {
+	c = one(t, run(t, s, sh("ls /tmp/mark /box/mark /dev/shm/mark /etc/mark 2>&1; true")))
+	if strings.Count(c.Stdout, "No such file") != 4 {
 		t.Fatalf("files leaked between calls: %q", c.Stdout)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -32,6 +33,7 @@ type launcher struct {
 	exits   map[int]chan struct{} // running containers' pid -> closed when reaped
 	err     error                 // set once the launcher is gone
 	dead    chan struct{}
+	closing atomic.Bool
 }
 
 // made is the launcher's answer to a MAKE.
@@ -80,10 +82,9 @@ func startLauncher(path string, log *slog.Logger) (*launcher, error) {
 		started <- nil
 		err := l.cmd.Wait()
 		l.conn.Close()
-		if err == nil {
-			err = errLauncherGone
+		if !l.closing.Load() {
+			log.Warn("fncall: warren-fninit exited; its containers died with it", "err", err)
 		}
-		log.Warn("fncall: warren-fninit exited", "err", err)
 	}()
 	if err := <-started; err != nil {
 		l.conn.Close()
@@ -114,7 +115,9 @@ func (l *launcher) read() {
 	for _, ch := range exits {
 		close(ch)
 	}
-	l.cmd.Process.Kill()
+	if !l.closing.Load() { // it broke the protocol, or its socket did
+		l.cmd.Process.Kill()
+	}
 }
 
 func (l *launcher) readOne() error {
@@ -233,6 +236,7 @@ func (l *launcher) alive() bool {
 
 // close ends the launcher, and with it every container it made.
 func (l *launcher) close() {
+	l.closing.Store(true)
 	l.conn.Close()
 	<-l.dead
 }

@@ -92,6 +92,7 @@ func BuildBusyboxRootfs(dir string) error {
 		{"usr/sbin", 0o755}, {"usr/local", 0o755}, {"usr/local/bin", 0o755}, {"etc", 0o755},
 		{"root", 0o700}, {"tmp", os.ModeSticky | 0o777}, {"proc", 0o555}, {"sys", 0o555}, {"dev", 0o755},
 		{"run", 0o755},
+		{"box", 0o755}, // FnCall's working directory: a mount point when its root is read-only
 	}
 	for _, d := range dirs {
 		p := filepath.Join(dir, d.path)

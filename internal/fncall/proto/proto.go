@@ -97,8 +97,15 @@ func (e *Encoder) Done() ([]byte, error) {
 func Make(s *Setup) ([]byte, error) {
 	var e Encoder
 	e.Frame(TypeMake).Str(s.Scratch).U64(s.ScratchBytes).Str(s.Hostname).Str(s.Workdir).
-		U64(int64(s.UID)).U64(int64(s.GID)).Strs(s.Lower).Strs(s.Cgroups).Bytes(s.Seccomp)
+		U64(int64(s.UID)).U64(int64(s.GID)).U64(b2i(s.ReadOnly)).Strs(s.Lower).Strs(s.Cgroups).Bytes(s.Seccomp)
 	return e.Done()
+}
+
+func b2i(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // FilesFrame encodes a FILES.
@@ -227,6 +234,10 @@ type Setup struct {
 	Scratch      string
 	ScratchBytes int64
 	Hostname     string
+	// ReadOnly binds the single layer Lower[0] read-only as the root, with
+	// the scratch's directories on /tmp and Workdir (which must exist in
+	// the layer, as must /tmp, /proc and /dev), instead of an overlay.
+	ReadOnly bool
 	// Cgroups are the cgroup.procs files pid 1 writes itself into first.
 	Cgroups []string
 	// Seccomp is the filter's program, struct sock_filter in the host's

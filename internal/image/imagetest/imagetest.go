@@ -32,7 +32,7 @@ func BusyboxLayer(t testing.TB) backend.Layer {
 		testutil.Unavailable(t, "needs a static busybox at %s (apt-get install busybox-static)", BusyboxPath)
 	}
 	src := filepath.Join(t.TempDir(), "busybox-root")
-	for _, d := range []string{"bin", "etc", "root", "proc", "dev", "sys", "run", "var/tmp", "home", "usr/bin"} {
+	for _, d := range []string{"bin", "etc", "root", "proc", "dev", "sys", "run", "var/tmp", "home", "usr/bin", "box"} {
 		must(t, os.MkdirAll(filepath.Join(src, d), 0o755))
 	}
 	must(t, os.Mkdir(filepath.Join(src, "tmp"), 0o755))
