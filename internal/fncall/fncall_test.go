@@ -266,8 +266,14 @@ func TestIsolation(t *testing.T) {
 }
 
 func testIsolation(t *testing.T, s *Service, root string) {
+	// The host's tree is beneath the container's root, shadowed: none of
+	// it can be reached by path, from / or through pid 1.
+	hostPath := s.cfg.StateDir
 	c := one(t, run(t, s, sh(`
 echo "uid=$(id -u) host=$(hostname) pwd=$(pwd)"
+test -e `+hostPath+` && echo hosttree=visible || echo hosttree=hidden
+(cd /../../.. && ls -d `+hostPath[1:]+` 2>/dev/null) && echo dotdot=escapes || echo dotdot=stays
+ls /proc/1/root/ 2>/dev/null | head -1 | grep -q . && echo pid1root=visible || echo pid1root=hidden
 echo "ifaces=$(ls /sys/class/net 2>/dev/null; cat /proc/self/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' ' | tr '\n' ,)"
 echo "procs=$(ls /proc | grep -c '^[0-9]')"
 echo "devs=$(ls /dev | tr '\n' ,)"
@@ -284,7 +290,7 @@ grep -E '^(CapBnd|CapEff|NoNewPrivs|Seccomp):' /proc/self/status | tr -s '\t ' '
 	// read-only.
 	etc := map[string]string{"read-only": "etc=rofs", "overlay": "etc=writable"}[root]
 	for _, want := range []string{"uid=65534 host=fn pwd=/box", "ifaces=lo,", "devs=fd,full,null,random,shm,stderr,stdin,stdout,urandom,zero,",
-		"writes=ok", etc, "zero=4", "userns=no", "mount=no", "mknod=no",
+		"hosttree=hidden", "dotdot=stays", "pid1root=hidden", "writes=ok", etc, "zero=4", "userns=no", "mount=no", "mknod=no",
 		"CapBnd: 0000000000000000", "CapEff: 0000000000000000", "NoNewPrivs: 1", "Seccomp: 2"} {
 		if !strings.Contains(c.Stdout, want+"\n") {
 			t.Errorf("want %q in:\n%s", want, c.Stdout)
