@@ -14,7 +14,8 @@
 // internal/fncall/proto, which encodes what this file decodes.
 //
 // The launcher (fd 3: the agent's socket):
-//   MAKE (+ the network namespace's fd) -> clone(NEWNS|NEWPID|NEWIPC|NEWUTS)
+//   MAKE (+ the network namespace and the cgroup.procs files to join)
+//   -> clone(NEWNS|NEWPID|NEWIPC|NEWUTS)
 //   -> MADE (+ the container's socket and a pidfd); when a container's pid 1
 //   has exited and been reaped (its whole pid namespace is gone by then),
 //   EXITED. It exits when the agent's socket closes, and dies with the agent
@@ -241,25 +242,37 @@ static int send_msg(int fd, buf *b, const int *fds, int nfds) {
 	return 0;
 }
 
-// recv_msg reads one frame into b (type at b->p[0], body after it) and up to
-// one attached file descriptor into *fd (-1 if none). Returns the type, 0 at
-// the end of the stream, -1 on a malformed frame.
-static int recv_msg(int sock, buf *b, int *fd) {
+// recv_msg reads one frame into b (type at b->p[0], body after it) and the
+// file descriptors attached to it, up to MAX_FDS, into fds (*nfds of them;
+// any beyond are closed). Returns the type, 0 at the end of the stream, -1
+// on a malformed frame.
+#define MAX_FDS 8
+static int recv_msg(int sock, buf *b, int *fds, int *nfds) {
 	uint32_t l;
 	size_t got = 0;
-	*fd = -1;
+	*nfds = 0;
 	while (got < 4) {
 		struct iovec iov = {(char *)&l + got, 4 - got};
-		char cbuf[CMSG_SPACE(sizeof(int))];
+		char cbuf[CMSG_SPACE(MAX_FDS * sizeof(int))];
 		struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf, .msg_controllen = sizeof cbuf};
 		ssize_t n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n <= 0)
 			return 0;
-		for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
-			if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS)
-				memcpy(fd, CMSG_DATA(c), sizeof(int));
+		for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+			if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+				continue;
+			int k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+			for (int i = 0; i < k; i++) {
+				int fd;
+				memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+				if (*nfds < MAX_FDS)
+					fds[(*nfds)++] = fd;
+				else
+					close(fd);
+			}
+		}
 		got += n;
 	}
 	if (l == 0 || l > MAX_MSG)
@@ -277,6 +290,11 @@ static int recv_msg(int sock, buf *b, int *fd) {
 	return (unsigned char)b->p[0];
 }
 
+static void close_all(int *fds, int n) {
+	for (int i = 0; i < n; i++)
+		close(fds[i]);
+}
+
 static int reply_error(int sock, const char *fmt, ...) {
 	char s[1024];
 	va_list ap;
@@ -292,17 +310,6 @@ static int reply_error(int sock, const char *fmt, ...) {
 }
 
 // ---- small helpers ---------------------------------------------------------
-
-static int write_file(const char *path, const char *s) {
-	int fd = open(path, O_WRONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -1;
-	ssize_t n = write(fd, s, strlen(s));
-	int e = errno;
-	close(fd);
-	errno = e;
-	return n == (ssize_t)strlen(s) ? 0 : -1;
-}
 
 static int64_t now_ns(void) {
 	struct timespec t;
@@ -323,7 +330,7 @@ static char *join(const char *a, const char *b) {
 typedef struct {
 	char *scratch, *hostname, *workdir;
 	uint64_t scratch_bytes, uid, gid, readonly;
-	char **lower, **cgroups;
+	char **lower;
 	struct sock_filter *filter;
 	size_t filter_len;
 } setup_t;
@@ -449,21 +456,31 @@ static void build_root(void) {
 	// container, ~0.5 ms of the machine's CPU per call measured. The host's
 	// tree stays beneath, shadowed and unreachable: leaving a chroot needs
 	// CAP_SYS_CHROOT, which nothing in the container has, and the seccomp
-	// filter refuses chroot, mount and pivot_root anyway. (Its mount points
-	// are listed in /proc/self/mountinfo; nothing of them can be opened.)
+	// filter refuses chroot, mount and pivot_root anyway. It is not even
+	// listed: /proc/self/mountinfo shows only what is under a process's
+	// root.
 	CHECK(mount(".", "/", NULL, MS_MOVE, NULL), "move root");
 	CHECK(chroot("."), "chroot");
 	CHECK(chdir("/"), "chdir /");
 }
 
-// confine empties the bounding set, sets no_new_privs and loads the filter.
-static void confine(void) {
+// drop_privileges empties the capability bounding set and sets
+// no_new_privs. The launcher does it once at its start: both are inherited
+// by every container it clones, and neither takes anything from the
+// launcher or a container's pid 1 (root, with its capabilities, which only
+// an execve could lose or gain): they only ensure that nothing a run
+// executes can ever gain a capability, through file capabilities or setuid
+// binaries.
+static void drop_privileges(void) {
 	for (int c = 0; c <= 63; c++)
-		if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0 && errno != EINVAL) {
-			reply_error(SOCK_FD, "drop capability %d: %s", c, strerror(errno));
-			_exit(1);
-		}
-	CHECK(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs");
+		if (prctl(PR_CAPBSET_DROP, c, 0, 0, 0) < 0 && errno != EINVAL)
+			die("drop capability %d: %s", c, strerror(errno));
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+		die("no_new_privs: %s", strerror(errno));
+}
+
+// confine loads the seccomp filter, last: it refuses the mounts above.
+static void confine(void) {
 	if (S.filter_len) {
 		struct sock_fprog prog = {.len = S.filter_len, .filter = S.filter};
 		CHECK(syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog), "seccomp");
@@ -550,10 +567,22 @@ static void set_limit(int res, uint64_t v) {
 	setrlimit(res, &rl);
 }
 
-// child is the run's process between fork and exec. Only async-signal-safe
-// calls: pid 1 is single-threaded, but it is the habit that keeps this
-// correct.
-static void child(run_t *r, const char *path, int in, int out, int err, int errpipe) {
+// child_args is what child needs; child_stack its stack until the execve.
+struct child_args {
+	run_t *r;
+	const char *path;
+	int in, out, err, errpipe;
+};
+static char child_stack[64 << 10] __attribute__((aligned(16)));
+
+// child is the run's process between clone and execve. It shares pid 1's
+// memory: system calls only, nothing of pid 1's written but the errno it
+// reports through errpipe.
+static int child(void *arg) {
+	struct child_args *a = arg;
+	run_t *r = a->r;
+	const char *path = a->path;
+	int in = a->in, out = a->out, err = a->err, errpipe = a->errpipe;
 	setsid();
 	dup2(in, 0);
 	dup2(out, 1);
@@ -575,7 +604,8 @@ static void child(run_t *r, const char *path, int in, int out, int err, int errp
 	sigset_t all;
 	sigemptyset(&all);
 	sigprocmask(SIG_SETMASK, &all, NULL);
-	signal(SIGPIPE, SIG_DFL);
+	struct sigaction dfl = {.sa_handler = SIG_DFL};
+	sigaction(SIGPIPE, &dfl, NULL); // not shared: no CLONE_SIGHAND
 	int e = 0;
 	if (setgroups(0, NULL) < 0 || setgid(S.gid) < 0 || setuid(S.uid) < 0)
 		e = errno;
@@ -587,6 +617,7 @@ static void child(run_t *r, const char *path, int in, int out, int err, int errp
 	}
 	write(errpipe, &e, sizeof e);
 	_exit(127);
+	return 0;
 }
 
 // kill_all kills every process of the container but pid 1.
@@ -629,9 +660,11 @@ static void do_run(run_t *r, result_t *res, int sigfd) {
 		return;
 	}
 	int64_t start = now_ns();
-	pid_t pid = fork();
-	if (pid == 0)
-		child(r, path, in, outp[1], errp[1], ep[1]);
+	// The child shares pid 1's memory until its execve (CLONE_VM, and pid
+	// 1 waits meanwhile: CLONE_VFORK), so no page tables are copied and
+	// nothing is faulted back in afterwards.
+	struct child_args a = {r, path, in, outp[1], errp[1], ep[1]};
+	pid_t pid = clone(child, child_stack + sizeof child_stack, CLONE_VM | CLONE_VFORK | SIGCHLD, &a);
 	free(path);
 	close(in);
 	close(outp[1]);
@@ -710,9 +743,8 @@ static void do_run(run_t *r, result_t *res, int sigfd) {
 			}
 		}
 		if (p[3].revents) {
-			int fd, t = recv_msg(SOCK_FD, &in_msg, &fd);
-			if (fd >= 0)
-				close(fd);
+			int fds[MAX_FDS], nfds, t = recv_msg(SOCK_FD, &in_msg, fds, &nfds);
+			close_all(fds, nfds);
 			if (t <= 0) { // the agent is gone: so is the container
 				sock_open = 0;
 				kill_all(res, "closed");
@@ -831,25 +863,25 @@ static void send_result(result_t *res) {
 	free(res->err.kept.p);
 }
 
-// container is pid 1's life, from the clone to its socket's end.
-static void container(int sock, int netns) {
+// container is pid 1's life, from the clone to its socket's end. fds are
+// MAKE's: the network namespace, then the cgroup.procs files to join.
+static void container(int sock, int *fds, int nfds) {
 	// Die with the launcher. Had it died before this prctl, its end of
 	// the socket is closed and the first read below ends the container.
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	// fd 3 is free (the launcher's socket was closed) and none of fds is
+	// 3: they were received while it was open.
 	if (dup2(sock, SOCK_FD) < 0)
 		_exit(1);
-	if (netns != SOCK_FD + 1) {
-		if (dup2(netns, SOCK_FD + 1) < 0)
-			_exit(1);
-	}
-	netns = SOCK_FD + 1;
-	syscall(SYS_close_range, SOCK_FD + 2, ~0U, 0);
-	fcntl(SOCK_FD, F_SETFD, FD_CLOEXEC);
 	// Into the container's cgroups before anything of it is charged.
-	for (char **c = S.cgroups; *c; c++)
-		CHECK(write_file(*c, "0"), *c);
-	CHECK(setns(netns, CLONE_NEWNET), "join network namespace");
-	close(netns);
+	for (int i = 1; i < nfds; i++)
+		if (write(fds[i], "0", 1) != 1) {
+			reply_error(SOCK_FD, "join cgroup: %s", strerror(errno));
+			_exit(1);
+		}
+	CHECK(setns(fds[0], CLONE_NEWNET), "join network namespace");
+	syscall(SYS_close_range, SOCK_FD + 1, ~0U, 0);
+	fcntl(SOCK_FD, F_SETFD, FD_CLOEXEC);
 	umask(022);
 	build_root();
 	CHECK(sethostname(S.hostname, strlen(S.hostname)), "sethostname");
@@ -870,9 +902,8 @@ static void container(int sock, int netns) {
 		_exit(0);
 	int ran = 0;
 	for (;;) {
-		int fd, t = recv_msg(SOCK_FD, &b, &fd);
-		if (fd >= 0)
-			close(fd);
+		int fds[MAX_FDS], nfds, t = recv_msg(SOCK_FD, &b, fds, &nfds);
+		close_all(fds, nfds);
 		if (t <= 0)
 			_exit(t == 0 ? 0 : 1);
 		reader rd = {b.p + 1, b.len - 1, 0};
@@ -936,7 +967,6 @@ static int parse_setup(reader *rd) {
 	S.gid = get_u64(rd);
 	S.readonly = get_u64(rd);
 	S.lower = get_strs(rd);
-	S.cgroups = get_strs(rd);
 	size_t n;
 	const char *f = get_bytes(rd, &n);
 	if (n % sizeof(struct sock_filter) || n / sizeof(struct sock_filter) > BPF_MAXINSNS)
@@ -956,18 +986,18 @@ static void free_setup(void) {
 	free(S.hostname);
 	free(S.workdir);
 	free_strs(S.lower);
-	free_strs(S.cgroups);
 	free(S.filter);
 	memset(&S, 0, sizeof S);
 }
 
-// make_container clones one container and answers MADE.
-static void make_container(int agent, reader *rd, int netns) {
+// make_container clones one container and answers MADE. fds: the network
+// namespace, then the cgroup.procs files the container joins.
+static void make_container(int agent, reader *rd, int *fds, int nfds) {
 	buf b = {0};
 	msg(&b, MSG_MADE);
 	int sv[2] = {-1, -1}, pidfd = -1;
 	int64_t pid = -1, err = 0;
-	if (netns < 0 || parse_setup(rd) < 0)
+	if (nfds < 1 || parse_setup(rd) < 0)
 		err = EINVAL;
 	else if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
 		err = errno;
@@ -977,7 +1007,7 @@ static void make_container(int agent, reader *rd, int netns) {
 		if (pid == 0) {
 			close(agent);
 			close(sv[0]);
-			container(sv[1], netns);
+			container(sv[1], fds, nfds);
 			_exit(0);
 		}
 		if (pid < 0)
@@ -985,8 +1015,8 @@ static void make_container(int agent, reader *rd, int netns) {
 	}
 	put_u64(&b, pid);
 	put_u64(&b, err);
-	int fds[2] = {sv[0], pidfd};
-	if (send_msg(agent, &b, fds, err ? 0 : 2) < 0)
+	int out[2] = {sv[0], pidfd};
+	if (send_msg(agent, &b, out, err ? 0 : 2) < 0)
 		_exit(0);
 	free(b.p);
 	for (int i = 0; i < 2; i++)
@@ -994,8 +1024,7 @@ static void make_container(int agent, reader *rd, int netns) {
 			close(sv[i]);
 	if (pidfd >= 0)
 		close(pidfd);
-	if (netns >= 0)
-		close(netns);
+	close_all(fds, nfds);
 	free_setup();
 }
 
@@ -1026,6 +1055,7 @@ int main(void) {
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
 	if (getppid() == 1) // the agent died before the prctl
 		return 1;
+	drop_privileges();
 	signal(SIGPIPE, SIG_IGN);
 	sigset_t chld;
 	sigemptyset(&chld);
@@ -1050,14 +1080,14 @@ int main(void) {
 			reap(agent);
 		}
 		if (p[0].revents) {
-			int fd, t = recv_msg(agent, &b, &fd);
+			int fds[MAX_FDS], nfds, t = recv_msg(agent, &b, fds, &nfds);
 			if (t <= 0)
 				return t == 0 ? 0 : 1; // the containers die with us
 			reader rd = {b.p + 1, b.len - 1, 0};
 			if (t == MSG_MAKE)
-				make_container(agent, &rd, fd);
-			else if (fd >= 0)
-				close(fd);
+				make_container(agent, &rd, fds, nfds);
+			else
+				close_all(fds, nfds);
 		}
 	}
 }

@@ -59,15 +59,6 @@ func newBox(ctx context.Context, spec boxSpec) (b *box, err error) {
 			b.destroy()
 		}
 	}()
-	// A recycled cgroup may still be charged for page cache a container
-	// before this one read: the idle allowance goes on top.
-	used, err := readInt(cg.memUsage)
-	if err != nil {
-		return b, err
-	}
-	if err := cg.setMemory(used + spec.idleMemory); err != nil {
-		return b, err
-	}
 	if spec.cpus > 0 {
 		if err := cg.setCPUs(spec.cpus); err != nil {
 			return b, err
@@ -81,9 +72,7 @@ func newBox(ctx context.Context, spec boxSpec) (b *box, err error) {
 		return b, err
 	}
 	b.netnsPool = spec.netns
-	setup := spec.setup
-	setup.Cgroups = cg.procsFiles()
-	m, err := l.make(ctx, &setup, b.netns)
+	m, err := l.make(ctx, &spec.setup, b.netns, cg.procs)
 	if err != nil {
 		return b, err
 	}

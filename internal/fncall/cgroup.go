@@ -35,6 +35,13 @@ type cgroup struct {
 	cpuUsage, memUsage, memMax, memFailcnt, memLimit, memswLimit, oomControl *os.File
 	pidsCurrent, pidsMax, pidsEvents                                         *os.File
 	cpuPeriod, cpuQuota                                                      *os.File
+	procs                                                                    []*os.File // cgroup.procs, one per distinct directory, for the launcher
+
+	// last are the counters the previous run ended with: nothing between
+	// two runs (a box's teardown, the next one's setup by pid 1 alone)
+	// can move the OOM, failure or refused-fork counts, so the next run
+	// starts from them without reading them again.
+	last counters
 
 	limit, pids int64   // last written memory limit and pids.max (0: unknown)
 	cpus        float64 // last written CPU bandwidth
@@ -82,6 +89,13 @@ func newCgroup(parent, name string) (*cgroup, error) {
 	cg.pidsEvents = open("pids", "pids.events", os.O_RDONLY)
 	cg.cpuPeriod = open("cpu", "cpu.cfs_period_us", os.O_WRONLY)
 	cg.cpuQuota = open("cpu", "cpu.cfs_quota_us", os.O_WRONLY)
+	for _, c := range controllers {
+		if f := open(c, "cgroup.procs", os.O_WRONLY); f != nil && !slices.ContainsFunc(cg.procs, func(g *os.File) bool { return g.Name() == f.Name() }) {
+			cg.procs = append(cg.procs, f)
+		} else if f != nil {
+			f.Close()
+		}
+	}
 	if err == nil {
 		// Where the kernel accounts swap (swapaccount=1).
 		cg.memswLimit, _ = os.OpenFile(filepath.Join(cg.dirs["memory"], "memory.memsw.limit_in_bytes"), os.O_RDWR, 0)
@@ -91,19 +105,6 @@ func newCgroup(parent, name string) (*cgroup, error) {
 		return nil, fmt.Errorf("cgroup files: %w", err)
 	}
 	return cg, nil
-}
-
-// procsFiles are the cgroup.procs files a process writes itself into to
-// join every controller's cgroup (one per distinct directory).
-func (cg *cgroup) procsFiles() []string {
-	var out []string
-	for _, c := range controllers {
-		f := filepath.Join(cg.dirs[c], "cgroup.procs")
-		if !slices.Contains(out, f) {
-			out = append(out, f)
-		}
-	}
-	return out
 }
 
 func writeInt(f *os.File, v int64) error {
@@ -193,19 +194,11 @@ type counters struct {
 
 // before reads what a run's accounting starts from.
 func (cg *cgroup) before() (c counters, err error) {
+	c = cg.last
 	if c.cpuNs, err = readInt(cg.cpuUsage); err != nil {
 		return c, err
 	}
-	if c.memory, err = readInt(cg.memUsage); err != nil {
-		return c, err
-	}
-	if c.failcnt, err = readInt(cg.memFailcnt); err != nil {
-		return c, err
-	}
-	if c.oomKill, err = event(cg.oomControl, "oom_kill"); err != nil {
-		return c, err
-	}
-	c.forkFails, err = event(cg.pidsEvents, "max")
+	c.memory, err = readInt(cg.memUsage)
 	return c, err
 }
 
@@ -224,8 +217,11 @@ func (cg *cgroup) after() (c counters, err error) {
 	if c.oomKill, err = event(cg.oomControl, "oom_kill"); err != nil {
 		return c, err
 	}
-	c.forkFails, err = event(cg.pidsEvents, "max")
-	return c, err
+	if c.forkFails, err = event(cg.pidsEvents, "max"); err != nil {
+		return c, err
+	}
+	cg.last = c
+	return c, nil
 }
 
 // cpuNs is the CPU time used by every process of the box so far.
@@ -265,8 +261,8 @@ func removeParent(parent string) {
 }
 
 func (cg *cgroup) closeFiles() {
-	for _, f := range []*os.File{cg.cpuUsage, cg.memUsage, cg.memMax, cg.memFailcnt, cg.memLimit, cg.memswLimit,
-		cg.oomControl, cg.pidsCurrent, cg.pidsMax, cg.pidsEvents, cg.cpuPeriod, cg.cpuQuota} {
+	for _, f := range append([]*os.File{cg.cpuUsage, cg.memUsage, cg.memMax, cg.memFailcnt, cg.memLimit, cg.memswLimit,
+		cg.oomControl, cg.pidsCurrent, cg.pidsMax, cg.pidsEvents, cg.cpuPeriod, cg.cpuQuota}, cg.procs...) {
 		if f != nil {
 			f.Close()
 		}
@@ -300,17 +296,21 @@ func (cg *cgroup) remove() error {
 type cgroupPool struct {
 	parent string
 	max    int
+	idle   int64 // a new cgroup's memory limit until its first run sets one
 
 	mu     sync.Mutex
 	free   []*cgroup
 	closed bool
 }
 
-func newCgroupPool(parent string, max int) *cgroupPool {
-	return &cgroupPool{parent: parent, max: max}
+func newCgroupPool(parent string, max int, idle int64) *cgroupPool {
+	return &cgroupPool{parent: parent, max: max, idle: idle}
 }
 
-// get returns a recycled cgroup or makes one.
+// get returns a recycled cgroup or makes one. A recycled one keeps the
+// memory limit of its last run (at most the usage then plus the largest
+// limit a call may ask for) until the next run sets its own: pid 1's setup
+// needs little, and lowering a limit may make the kernel reclaim.
 func (p *cgroupPool) get() (*cgroup, error) {
 	p.mu.Lock()
 	if n := len(p.free); n > 0 {
@@ -320,7 +320,15 @@ func (p *cgroupPool) get() (*cgroup, error) {
 		return cg, nil
 	}
 	p.mu.Unlock()
-	return newCgroup(p.parent, "fn-"+randomHex(6))
+	cg, err := newCgroup(p.parent, "fn-"+randomHex(6))
+	if err != nil {
+		return nil, err
+	}
+	if err := cg.setMemory(p.idle); err != nil {
+		cg.remove()
+		return nil, err
+	}
+	return cg, nil
 }
 
 // put takes back a cgroup whose box is gone: kept if it is empty and there

@@ -197,8 +197,9 @@ func (l *launcher) readOne() error {
 	return nil
 }
 
-// make asks for one container in setup's image, in netns.
-func (l *launcher) make(ctx context.Context, setup *proto.Setup, netns *os.File) (made, error) {
+// make asks for one container in setup's image, in netns, joining the
+// cgroups whose cgroup.procs files are given (open for writing).
+func (l *launcher) make(ctx context.Context, setup *proto.Setup, netns *os.File, cgroupProcs []*os.File) (made, error) {
 	frame, err := proto.Make(setup)
 	if err != nil {
 		return made{}, err
@@ -210,7 +211,11 @@ func (l *launcher) make(ctx context.Context, setup *proto.Setup, netns *os.File)
 		return made{}, l.err
 	}
 	l.waiting = append(l.waiting, ch)
-	_, _, err = l.conn.WriteMsgUnix(frame, unix.UnixRights(int(netns.Fd())), nil)
+	fds := []int{int(netns.Fd())}
+	for _, f := range cgroupProcs {
+		fds = append(fds, int(f.Fd()))
+	}
+	_, _, err = l.conn.WriteMsgUnix(frame, unix.UnixRights(fds...), nil)
 	if err != nil {
 		l.waiting = l.waiting[:len(l.waiting)-1]
 		l.mu.Unlock()
@@ -218,6 +223,7 @@ func (l *launcher) make(ctx context.Context, setup *proto.Setup, netns *os.File)
 	}
 	l.mu.Unlock()
 	runtime.KeepAlive(netns)
+	runtime.KeepAlive(cgroupProcs)
 	// The answer comes at once (a clone); it is awaited even past ctx so
 	// that the container it makes is never lost.
 	m := <-ch

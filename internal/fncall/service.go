@@ -201,7 +201,7 @@ func New(cfg Config) (*Service, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Service{cfg: cfg, runtimes: map[string]*runtimeState{}, netns: newNetnsPool(256), seccomp: filter,
-		cgroups: newCgroupPool(cfg.CgroupParent, 256),
+		cgroups: newCgroupPool(cfg.CgroupParent, 256, 64<<20),
 		slots:   newSlots(cfg.MaxRunning, 16*cfg.MaxRunning, cfg.QueueWait), ctx: ctx, cancel: cancel}
 	for _, rt := range cfg.Runtimes {
 		if rt.Name == "" || rt.Env == "" || rt.Source == "" || len(rt.Run) == 0 {

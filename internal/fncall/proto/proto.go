@@ -10,7 +10,8 @@
 // write them. File descriptors travel as SCM_RIGHTS on a frame's first byte.
 //
 // The launcher (its socket on fd 3, started once per node): MAKE (Setup,
-// with the container's network namespace attached) is answered by MADE
+// with the container's network namespace and then the cgroup.procs files it
+// joins attached, opened for writing) is answered by MADE
 // (the container's pid and an errno; on success its socket and a pidfd
 // attached), in order. EXITED tells that a container's pid 1 was reaped:
 // its whole pid namespace is gone by then.
@@ -97,7 +98,7 @@ func (e *Encoder) Done() ([]byte, error) {
 func Make(s *Setup) ([]byte, error) {
 	var e Encoder
 	e.Frame(TypeMake).Str(s.Scratch).U64(s.ScratchBytes).Str(s.Hostname).Str(s.Workdir).
-		U64(int64(s.UID)).U64(int64(s.GID)).U64(b2i(s.ReadOnly)).Strs(s.Lower).Strs(s.Cgroups).Bytes(s.Seccomp)
+		U64(int64(s.UID)).U64(int64(s.GID)).U64(b2i(s.ReadOnly)).Strs(s.Lower).Bytes(s.Seccomp)
 	return e.Done()
 }
 
@@ -238,8 +239,6 @@ type Setup struct {
 	// the scratch's directories on /tmp and Workdir (which must exist in
 	// the layer, as must /tmp, /proc and /dev), instead of an overlay.
 	ReadOnly bool
-	// Cgroups are the cgroup.procs files pid 1 writes itself into first.
-	Cgroups []string
 	// Seccomp is the filter's program, struct sock_filter in the host's
 	// layout (8 bytes each), loaded last; empty loads none.
 	Seccomp []byte
