@@ -1,0 +1,66 @@
+package fncall
+
+import (
+	"encoding/binary"
+	"slices"
+	"testing"
+
+	"golang.org/x/net/bpf"
+	"golang.org/x/sys/unix"
+)
+
+// TestSeccompFilter runs the filter in a BPF VM for every system call
+// number and a few clone flags, against what it is meant to decide.
+func TestSeccompFilter(t *testing.T) {
+	raw, err := filter()
+	if err != nil {
+		t.Skip(err)
+	}
+	ins := make([]bpf.Instruction, len(raw))
+	for i, r := range raw {
+		ins[i] = r.Disassemble()
+	}
+	vm, err := bpf.NewVM(ins)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(arch, nr uint32, arg0 uint64) uint32 {
+		// struct seccomp_data is host-endian; the VM loads big-endian
+		// words, so the test lays the fields out that way.
+		d := make([]byte, 64)
+		binary.BigEndian.PutUint32(d[offNr:], nr)
+		binary.BigEndian.PutUint32(d[offArch:], arch)
+		binary.BigEndian.PutUint32(d[offArg0:], uint32(arg0))
+		v, err := vm.Run(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return uint32(v)
+	}
+	want := func(nr uint32, arg0 uint64) uint32 {
+		switch {
+		case nr >= 0x40000000:
+			return retEperm
+		case nr == unix.SYS_CLONE3:
+			return retEnosys
+		case nr == unix.SYS_CLONE && arg0&nsFlags != 0:
+			return retEperm
+		case slices.Contains(denied, uintptr(nr)):
+			return retEperm
+		}
+		return retAllow
+	}
+	for nr := uint32(0); nr < 600; nr++ {
+		for _, arg0 := range []uint64{0, uint64(unix.SIGCHLD), unix.CLONE_NEWUSER | uint64(unix.SIGCHLD), unix.CLONE_NEWNS, unix.CLONE_VM | unix.CLONE_VFORK} {
+			if got, w := run(unix.AUDIT_ARCH_X86_64, nr, arg0), want(nr, arg0); got != w {
+				t.Errorf("syscall %d arg0 %#x: filter says %#x, want %#x", nr, arg0, got, w)
+			}
+		}
+	}
+	if got := run(unix.AUDIT_ARCH_X86_64, 0x40000000+1, 0); got != retEperm {
+		t.Errorf("x32: %#x", got)
+	}
+	if got := run(unix.AUDIT_ARCH_I386, 1, 0); got != retKill {
+		t.Errorf("i386: %#x", got)
+	}
+}
