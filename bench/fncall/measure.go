@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -165,6 +166,23 @@ func procCPU(pid int) time.Duration {
 		sum += v
 	}
 	return time.Duration(sum) * time.Second / clockTick
+}
+
+// childrenCPU is the utime+stime of pid's live children named comm.
+func childrenCPU(pid int, comm string) time.Duration {
+	tasks, _ := filepath.Glob("/proc/" + strconv.Itoa(pid) + "/task/*/children")
+	var sum time.Duration
+	for _, t := range tasks {
+		b, _ := os.ReadFile(t)
+		for _, c := range strings.Fields(string(b)) {
+			name, _ := os.ReadFile("/proc/" + c + "/comm")
+			if strings.TrimSpace(string(name)) == comm {
+				n, _ := strconv.Atoi(c)
+				sum += procCPU(n)
+			}
+		}
+	}
+	return sum
 }
 
 // hostCPU is the machine's busy time so far, all CPUs: /proc/stat's user,

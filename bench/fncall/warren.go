@@ -207,11 +207,10 @@ func (w *warren) do(ctx context.Context, method, p string, body []byte, into any
 // warrenCPU says how the daemon's CPU is read: the cgroup subtree its
 // FnCall containers run in (fnCgroup, known once a call has named the
 // node: /warren/<node>/fn) plus the daemon itself: its own cgroup when it
-// runs in one (everything it forks is charged there until moved into a
-// container's), else its utime+stime. Not its reaped children's times:
-// the containers' init processes are its children, and their CPU is
-// already in the containers' cgroups; a child that never joins one is
-// missed.
+// runs in one (everything it forks is charged there, its FnCall launcher
+// included, until moved into a container's), else its utime+stime and its
+// launcher's (warren-fninit, a long-lived child). A container's pid 1 joins
+// its cgroups first thing after the launcher clones it.
 func warrenCPU(g *cpuGroup, pid int, fnCgroup func() string) (func() time.Duration, string) {
 	fn := func() time.Duration {
 		if cg := fnCgroup(); cg != "" {
@@ -235,8 +234,8 @@ func warrenCPU(g *cpuGroup, pid int, fnCgroup func() string) (func() time.Durati
 			},
 			fmt.Sprintf("daemon pid %d in cgroup %s, and %s", pid, ownDir, desc)
 	}
-	return func() time.Duration { return procCPU(pid) + fn() },
-		fmt.Sprintf("daemon pid %d (utime+stime), and %s", pid, desc)
+	return func() time.Duration { return procCPU(pid) + childrenCPU(pid, "warren-fninit") + fn() },
+		fmt.Sprintf("daemon pid %d and its launcher (utime+stime), and %s", pid, desc)
 }
 
 // listenerPID finds the local process listening on u's port (through

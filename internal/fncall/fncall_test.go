@@ -520,3 +520,30 @@ func TestPlatformFault(t *testing.T) {
 		t.Fatalf("after the fault: %+v", c)
 	}
 }
+
+// TestLauncherRestart kills the launcher: its containers die with it, and
+// the next calls get a new launcher and fresh containers.
+func TestLauncherRestart(t *testing.T) {
+	s := newService(t, PoolConfig{Min: 2, Max: 4})
+	if c := one(t, run(t, s, sh("echo before"))); c.Status != api.FnOK {
+		t.Fatalf("before: %+v", c)
+	}
+	s.launchMu.Lock()
+	old := s.launch
+	s.launchMu.Unlock()
+	if err := old.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-old.dead
+	for i := 0; i < 4; i++ { // more calls than the dead pool held
+		if c := one(t, run(t, s, sh("echo after"))); c.Status != api.FnOK || c.Stdout != "after\n" {
+			t.Fatalf("call %d after the launcher died: %+v", i, c)
+		}
+	}
+	s.launchMu.Lock()
+	restarted := s.launch != old && s.launch.alive()
+	s.launchMu.Unlock()
+	if !restarted {
+		t.Error("no new launcher")
+	}
+}
