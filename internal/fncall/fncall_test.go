@@ -13,9 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/fncall/proto"
 	"github.com/warrenhq/warren/internal/image"
 	"github.com/warrenhq/warren/internal/image/imagetest"
 	"github.com/warrenhq/warren/internal/testutil"
@@ -545,5 +548,39 @@ func TestLauncherRestart(t *testing.T) {
 	s.launchMu.Unlock()
 	if !restarted {
 		t.Error("no new launcher")
+	}
+}
+
+// TestLauncherBadMake sends the launcher a malformed MAKE: it answers
+// EINVAL and goes on making containers.
+func TestLauncherBadMake(t *testing.T) {
+	s := newService(t, PoolConfig{Min: -1, Max: 2})
+	if c := one(t, run(t, s, sh("echo first"))); c.Status != api.FnOK {
+		t.Fatalf("first: %+v", c)
+	}
+	l, err := s.launcher()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns, err := s.netns.get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	var e proto.Encoder
+	bad, _ := e.Frame(proto.TypeMake).Str("/nonexistent").Done() // the rest of the setup missing
+	ch := make(chan made, 1)
+	l.mu.Lock()
+	l.waiting = append(l.waiting, ch)
+	_, _, err = l.conn.WriteMsgUnix(bad, unix.UnixRights(int(ns.Fd())), nil)
+	l.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := <-ch; !errors.Is(m.err, syscall.EINVAL) || m.sock != nil {
+		t.Fatalf("malformed make: %+v", m)
+	}
+	if c := one(t, run(t, s, sh("echo after"))); c.Status != api.FnOK || c.Stdout != "after\n" || !l.alive() {
+		t.Fatalf("after: %+v", c)
 	}
 }
