@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/warrenhq/warren/internal/errdefs"
@@ -295,16 +294,12 @@ func (cg *cgroup) remove() error {
 // work for a call. A cgroup comes back only once empty.
 type cgroupPool struct {
 	parent string
-	max    int
 	idle   int64 // a new cgroup's memory limit until its first run sets one
-
-	mu     sync.Mutex
-	free   []*cgroup
-	closed bool
+	list   freeList[*cgroup]
 }
 
 func newCgroupPool(parent string, max int, idle int64) *cgroupPool {
-	return &cgroupPool{parent: parent, max: max, idle: idle}
+	return &cgroupPool{parent: parent, idle: idle, list: freeList[*cgroup]{max: max}}
 }
 
 // get returns a recycled cgroup or makes one. A recycled one keeps the
@@ -312,14 +307,9 @@ func newCgroupPool(parent string, max int, idle int64) *cgroupPool {
 // limit a call may ask for) until the next run sets its own: pid 1's setup
 // needs little, and lowering a limit may make the kernel reclaim.
 func (p *cgroupPool) get() (*cgroup, error) {
-	p.mu.Lock()
-	if n := len(p.free); n > 0 {
-		cg := p.free[n-1]
-		p.free = p.free[:n-1]
-		p.mu.Unlock()
+	if cg, ok := p.list.pop(); ok {
 		return cg, nil
 	}
-	p.mu.Unlock()
 	cg, err := newCgroup(p.parent, "fn-"+randomHex(6))
 	if err != nil {
 		return nil, err
@@ -334,25 +324,15 @@ func (p *cgroupPool) get() (*cgroup, error) {
 // put takes back a cgroup whose box is gone: kept if it is empty and there
 // is room, else removed.
 func (p *cgroupPool) put(cg *cgroup) error {
-	if cg.empty() {
-		p.mu.Lock()
-		if !p.closed && len(p.free) < p.max {
-			p.free = append(p.free, cg)
-			p.mu.Unlock()
-			return nil
-		}
-		p.mu.Unlock()
+	if cg.empty() && p.list.push(cg) {
+		return nil
 	}
 	return cg.remove()
 }
 
 // close removes every free cgroup; later puts remove theirs.
 func (p *cgroupPool) close() {
-	p.mu.Lock()
-	free := p.free
-	p.free, p.closed = nil, true
-	p.mu.Unlock()
-	for _, cg := range free {
+	for _, cg := range p.list.close() {
 		_ = cg.remove()
 	}
 }

@@ -584,3 +584,25 @@ func TestLauncherBadMake(t *testing.T) {
 		t.Fatalf("after: %+v", c)
 	}
 }
+
+// TestCgroupsRecycled: sequential calls reuse the cgroups of the
+// containers before them (each emptied first), and the accounting stays
+// per call.
+func TestCgroupsRecycled(t *testing.T) {
+	s := newService(t, PoolConfig{Min: 1, Max: 2})
+	seen := map[string]bool{}
+	for i := 0; i < 12; i++ {
+		req := sh("head -c 8000000 /dev/zero > /tmp/x && echo ok")
+		c := one(t, run(t, s, req))
+		if c.Status != api.FnOK || c.PeakMemory < 7<<20 || c.PeakMemory > 64<<20 {
+			t.Fatalf("call %d: %+v", i, c)
+		}
+		dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, "pids", s.cfg.CgroupParent, "fn-*"))
+		for _, d := range dirs {
+			seen[filepath.Base(d)] = true
+		}
+	}
+	if len(seen) > 4 {
+		t.Errorf("%d cgroups made for 12 sequential calls: not recycled", len(seen))
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -17,45 +16,29 @@ import (
 // namespace), and its sockets die with the container's processes. Two live
 // containers never share one. Every other namespace, the cgroups and the
 // root filesystem are new for every container.
-type netnsPool struct {
-	mu   sync.Mutex
-	free []*os.File
-	max  int
-}
+type netnsPool struct{ list freeList[*os.File] }
 
-func newNetnsPool(max int) *netnsPool { return &netnsPool{max: max} }
+func newNetnsPool(max int) *netnsPool { return &netnsPool{list: freeList[*os.File]{max: max}} }
 
 // get returns a namespace no live container uses, with lo up.
 func (p *netnsPool) get() (*os.File, error) {
-	p.mu.Lock()
-	if n := len(p.free); n > 0 {
-		f := p.free[n-1]
-		p.free = p.free[:n-1]
-		p.mu.Unlock()
+	if f, ok := p.list.pop(); ok {
 		return f, nil
 	}
-	p.mu.Unlock()
 	return newNetns()
 }
 
 // put takes back the namespace of a container whose processes are all gone.
 func (p *netnsPool) put(f *os.File) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.free) < p.max {
-		p.free = append(p.free, f)
-		return
+	if !p.list.push(f) {
+		f.Close()
 	}
-	f.Close()
 }
 
 func (p *netnsPool) close() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, f := range p.free {
+	for _, f := range p.list.close() {
 		f.Close()
 	}
-	p.free = nil
 }
 
 // newNetns makes a network namespace on a locked thread, brings its lo up
