@@ -551,7 +551,7 @@ func newFnRuntimesCmd(a *app) *cobra.Command {
 
 func printRuntimes(w io.Writer, rts []api.FnRuntime) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
-	row(tw, "NAME", "AVAILABLE", "READY", "BUSY", "POOL", "ENV", "SOURCE", "COMPILE", "RUN")
+	row(tw, "NAME", "AVAILABLE", "READY", "BUSY", "POOL", "ENV", "ROOT", "SOURCE", "COMPILE", "RUN")
 	for _, rt := range rts {
 		avail := "yes"
 		if !rt.Available {
@@ -561,7 +561,7 @@ func printRuntimes(w io.Writer, rts []api.FnRuntime) error {
 			}
 		}
 		row(tw, rt.Name, avail, strconv.Itoa(rt.Ready), strconv.Itoa(rt.Busy),
-			fmt.Sprintf("%d..%d", rt.PoolMin, rt.PoolMax), orDash(rt.Env), orDash(rt.Source),
+			fmt.Sprintf("%d..%d", rt.PoolMin, rt.PoolMax), orDash(rt.Env), orDash(rt.Root), orDash(rt.Source),
 			orDash(strings.Join(rt.Compile, " ")), orDash(strings.Join(rt.Run, " ")))
 	}
 	return tw.Flush()

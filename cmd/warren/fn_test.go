@@ -203,7 +203,7 @@ func TestFnRuntimes(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
 	}
-	for _, want := range []string{"NAME", "AVAILABLE", "READY", "python3", "yes", "main.cpp", "cc main.cpp", "no: environment fn-sh@1 is missing", "1..4"} {
+	for _, want := range []string{"NAME", "AVAILABLE", "READY", "ROOT", "python3", "yes", "read-only", "main.cpp", "cc main.cpp", "no: environment fn-sh@1 is missing", "1..4"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("table lacks %q:\n%s", want, r.stdout)
 		}

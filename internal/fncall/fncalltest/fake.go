@@ -46,14 +46,15 @@ type Fake struct {
 }
 
 // New returns a fake declaring runtimes, each available with 2 ready
-// containers, a pool of 1..4, source file main.<name> and a run command;
+// containers, a pool of 1..4, a read-only root, source file main.<name> and
+// a run command;
 // "cpp" and "c" also compile.
 func New(runtimes ...string) *Fake {
 	f := &Fake{busy: map[string]int{}, release: make(chan struct{})}
 	for _, name := range runtimes {
 		rt := api.FnRuntime{
 			Name: name, Env: "fn-" + name + "@1", Source: "main." + name,
-			Run: []string{"./" + name}, Available: true, Ready: 2, PoolMin: 1, PoolMax: 4,
+			Run: []string{"./" + name}, Available: true, Ready: 2, PoolMin: 1, PoolMax: 4, Root: "read-only",
 		}
 		if name == "cpp" || name == "c" {
 			rt.Compile = []string{"cc", rt.Source}
@@ -83,7 +84,7 @@ func (f *Fake) SetUnavailable(name, reason string) {
 	for i := range f.runtimes {
 		if f.runtimes[i].Name == name {
 			f.runtimes[i].Available, f.runtimes[i].Reason = false, reason
-			f.runtimes[i].Ready = 0
+			f.runtimes[i].Ready, f.runtimes[i].Root = 0, ""
 		}
 	}
 }
