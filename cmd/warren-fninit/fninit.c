@@ -645,8 +645,22 @@ static void do_run(run_t *r, result_t *res, int sigfd) {
 	}
 	int in, outp[2], errp[2], ep[2];
 	if (r->stdin_len) {
+		// A memfd: the program reads it at its own pace, or not at all.
 		in = memfd_create("stdin", MFD_CLOEXEC);
-		if (in >= 0 && (write(in, r->stdin_data, r->stdin_len) != (ssize_t)r->stdin_len || lseek(in, 0, SEEK_SET) < 0)) {
+		for (size_t off = 0; in >= 0 && off < r->stdin_len;) {
+			ssize_t n = write(in, r->stdin_data + off, r->stdin_len - off);
+			if (n < 0 && errno == EINTR)
+				continue;
+			if (n <= 0) {
+				if (n == 0)
+					errno = EIO;
+				close(in);
+				in = -1;
+			} else {
+				off += n;
+			}
+		}
+		if (in >= 0 && lseek(in, 0, SEEK_SET) < 0) {
 			close(in);
 			in = -1;
 		}

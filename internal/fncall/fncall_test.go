@@ -538,6 +538,21 @@ func TestLauncherRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-old.dead
+	// Its containers died with it: no process is left in any cgroup.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		procs, _ := filepath.Glob(filepath.Join(cgroupRoot, "pids", s.cfg.CgroupParent, "fn-*", "cgroup.procs"))
+		left := 0
+		for _, f := range procs {
+			b, _ := os.ReadFile(f)
+			left += len(strings.Fields(string(b)))
+		}
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d processes left in the dead launcher's containers", left)
+		}
+	}
 	for i := 0; i < 4; i++ { // more calls than the dead pool held
 		if c := one(t, run(t, s, sh("echo after"))); c.Status != api.FnOK || c.Stdout != "after\n" {
 			t.Fatalf("call %d after the launcher died: %+v", i, c)
