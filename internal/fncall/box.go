@@ -20,10 +20,8 @@ import (
 // nothing running. A box serves exactly one call and is then destroyed.
 type box struct {
 	id      string
-	pid     int // in the host's pid namespace
 	pidfd   int
 	sock    *os.File
-	enc     proto.Encoder
 	replies chan proto.Reply // closed when the container's socket ends
 	cg      *cgroup
 	cgroups *cgroupPool // cg goes back there
@@ -37,12 +35,11 @@ type box struct {
 
 // boxSpec is what newBox needs; a pool fills it in from its runtime.
 type boxSpec struct {
-	launcher   func() (*launcher, error)
-	cgroups    *cgroupPool
-	setup      proto.Setup
-	cpus       float64
-	idleMemory int64 // the limit while waiting in the pool
-	netns      *netnsPool
+	launcher func() (*launcher, error)
+	cgroups  *cgroupPool
+	setup    proto.Setup
+	cpus     float64
+	netns    *netnsPool
 }
 
 // newBox has the launcher make a container and waits until it is ready. On
@@ -72,11 +69,11 @@ func newBox(ctx context.Context, spec boxSpec) (b *box, err error) {
 		return b, err
 	}
 	b.netnsPool = spec.netns
-	m, err := l.make(ctx, &spec.setup, b.netns, cg.procs)
+	m, err := l.make(&spec.setup, b.netns, cg.procs)
 	if err != nil {
 		return b, err
 	}
-	b.pid, b.pidfd, b.sock, b.exited = m.pid, m.pidfd, m.sock, m.exited
+	b.pidfd, b.sock, b.exited = m.pidfd, m.sock, m.exited
 	go b.read()
 	r, err := b.reply(ctx, 30*time.Second)
 	if err != nil {

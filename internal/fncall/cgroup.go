@@ -88,11 +88,13 @@ func newCgroup(parent, name string) (*cgroup, error) {
 	cg.pidsEvents = open("pids", "pids.events", os.O_RDONLY)
 	cg.cpuPeriod = open("cpu", "cpu.cfs_period_us", os.O_WRONLY)
 	cg.cpuQuota = open("cpu", "cpu.cfs_quota_us", os.O_WRONLY)
+	var joined []string // cpu and cpuacct may be one hierarchy
 	for _, c := range controllers {
-		if f := open(c, "cgroup.procs", os.O_WRONLY); f != nil && !slices.ContainsFunc(cg.procs, func(g *os.File) bool { return g.Name() == f.Name() }) {
-			cg.procs = append(cg.procs, f)
-		} else if f != nil {
-			f.Close()
+		if !slices.Contains(joined, cg.dirs[c]) {
+			joined = append(joined, cg.dirs[c])
+			if f := open(c, "cgroup.procs", os.O_WRONLY); f != nil {
+				cg.procs = append(cg.procs, f)
+			}
 		}
 	}
 	if err == nil {

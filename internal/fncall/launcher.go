@@ -1,7 +1,6 @@
 package fncall
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -38,7 +37,6 @@ type launcher struct {
 
 // made is the launcher's answer to a MAKE.
 type made struct {
-	pid    int
 	sock   *os.File
 	pidfd  int
 	exited chan struct{}
@@ -151,7 +149,7 @@ func (l *launcher) readOne() error {
 	switch t {
 	case proto.TypeMade:
 		pid, errno := int(d.U64()), syscall.Errno(d.U64())
-		m := made{pid: pid}
+		var m made
 		switch {
 		case d.Err != nil:
 			m.err = d.Err
@@ -199,7 +197,7 @@ func (l *launcher) readOne() error {
 
 // make asks for one container in setup's image, in netns, joining the
 // cgroups whose cgroup.procs files are given (open for writing).
-func (l *launcher) make(ctx context.Context, setup *proto.Setup, netns *os.File, cgroupProcs []*os.File) (made, error) {
+func (l *launcher) make(setup *proto.Setup, netns *os.File, cgroupProcs []*os.File) (made, error) {
 	frame, err := proto.Make(setup)
 	if err != nil {
 		return made{}, err
@@ -224,8 +222,8 @@ func (l *launcher) make(ctx context.Context, setup *proto.Setup, netns *os.File,
 	l.mu.Unlock()
 	runtime.KeepAlive(netns)
 	runtime.KeepAlive(cgroupProcs)
-	// The answer comes at once (a clone); it is awaited even past ctx so
-	// that the container it makes is never lost.
+	// The answer comes at once (a clone), and is always awaited: the
+	// container it makes is never lost.
 	m := <-ch
 	return m, m.err
 }

@@ -391,11 +391,10 @@ func (s *Service) resolve(ctx context.Context, rt Runtime) (boxSpec, api.Image, 
 		cpus = 1
 	}
 	return boxSpec{
-		launcher:   s.launcher,
-		cgroups:    s.cgroups,
-		cpus:       cpus,
-		idleMemory: 64 << 20,
-		netns:      s.netns,
+		launcher: s.launcher,
+		cgroups:  s.cgroups,
+		cpus:     cpus,
+		netns:    s.netns,
 		setup: proto.Setup{
 			Lower: lower, Scratch: filepath.Join(s.cfg.StateDir, "scratch"), ScratchBytes: s.cfg.ScratchBytes,
 			Hostname: "fn", Workdir: workdir, UID: s.cfg.UID, GID: s.cfg.GID, Seccomp: s.seccomp,
