@@ -1,7 +1,6 @@
 package fncall
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -22,7 +21,7 @@ type box struct {
 	id      string
 	pidfd   int
 	sock    *os.File
-	replies chan proto.Reply // closed when the container's socket ends
+	frames  *proto.Reader // the container's replies, read by whoever waits for one
 	cg      *cgroup
 	cgroups *cgroupPool // cg goes back there
 	created time.Time
@@ -49,8 +48,7 @@ func newBox(ctx context.Context, spec boxSpec) (b *box, err error) {
 	if err != nil {
 		return nil, err
 	}
-	b = &box{id: "fn-" + randomHex(6), cg: cg, cgroups: spec.cgroups, pidfd: -1,
-		replies: make(chan proto.Reply, 1), created: time.Now()}
+	b = &box{id: "fn-" + randomHex(6), cg: cg, cgroups: spec.cgroups, pidfd: -1, created: time.Now()}
 	defer func() {
 		if err != nil {
 			b.destroy()
@@ -74,7 +72,7 @@ func newBox(ctx context.Context, spec boxSpec) (b *box, err error) {
 		return b, err
 	}
 	b.pidfd, b.sock, b.exited = m.pidfd, m.sock, m.exited
-	go b.read()
+	b.frames = proto.NewReader(b.sock)
 	r, err := b.reply(ctx, 30*time.Second)
 	if err != nil {
 		return b, err
@@ -85,44 +83,64 @@ func newBox(ctx context.Context, spec boxSpec) (b *box, err error) {
 	return b, nil
 }
 
-func (b *box) read() {
-	defer close(b.replies)
-	r := bufio.NewReader(b.sock)
-	for {
-		t, body, err := proto.ReadFrame(r)
-		if err != nil {
-			return
-		}
-		reply, err := proto.DecodeReply(t, body)
-		if err != nil {
-			return
-		}
-		b.replies <- reply
-	}
-}
-
 // errBoxGone is a box whose fninit died or stopped answering.
 var errBoxGone = errors.New("container's init is gone")
 
-// reply waits for fninit's next reply.
+// errNoReplyYet is next's answer when the deadline came first.
+var errNoReplyYet = errors.New("no reply yet")
+
+// next reads the container's next reply, waiting in the runtime's poller
+// until deadline at most (then errNoReplyYet, and the stream is intact).
+// The caller's goroutine reads: no hand-off per reply.
+func (b *box) next(deadline time.Time) (proto.Reply, error) {
+	if err := b.sock.SetReadDeadline(deadline); err != nil {
+		return proto.Reply{}, fmt.Errorf("%w: %v", errBoxGone, err)
+	}
+	t, body, err := b.frames.Next()
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return proto.Reply{}, errNoReplyYet
+	case err != nil:
+		return proto.Reply{}, fmt.Errorf("%w: %v", errBoxGone, err)
+	}
+	r, err := proto.DecodeReply(t, body)
+	if err != nil {
+		return r, fmt.Errorf("%w: %v", errBoxGone, err)
+	}
+	return r, nil
+}
+
+// reply waits up to timeout for fninit's next reply, which must not be an
+// error. A cancelled ctx is noticed within replyPoll.
 func (b *box) reply(ctx context.Context, timeout time.Duration) (proto.Reply, error) {
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case r, ok := <-b.replies:
-		if !ok {
-			return r, errBoxGone
+	end := time.Now().Add(timeout)
+	for {
+		r, err := b.next(earliest(end, time.Now().Add(replyPoll)))
+		if err == errNoReplyYet {
+			if err := ctx.Err(); err != nil {
+				return r, err
+			}
+			if time.Now().Before(end) {
+				continue
+			}
+			return r, fmt.Errorf("%w: no answer in %s", errBoxGone, timeout)
 		}
-		if r.Error != "" && !r.Ready && r.Result == nil {
-			return r, errors.New(r.Error)
+		if err == nil && r.Error != "" && !r.Ready && r.Result == nil {
+			err = errors.New(r.Error)
 		}
-		return r, nil
-	case <-ctx.Done():
-		return proto.Reply{}, ctx.Err()
-	case <-t.C:
-		return proto.Reply{}, fmt.Errorf("%w: no answer in %s", errBoxGone, timeout)
+		return r, err
 	}
 }
+
+func earliest(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+// replyPoll is how often a wait for a reply looks at its context.
+const replyPoll = 100 * time.Millisecond
 
 // send writes one frame to the container.
 func (b *box) send(frame []byte, err error) error {

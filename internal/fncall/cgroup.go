@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/warrenhq/warren/internal/errdefs"
 )
 
@@ -31,10 +33,10 @@ var controllers = []string{"memory", "cpu", "cpuacct", "pids"}
 type cgroup struct {
 	dirs map[string]string // controller -> directory
 
-	cpuUsage, memUsage, memMax, memFailcnt, memLimit, memswLimit, oomControl *os.File
-	pidsCurrent, pidsMax, pidsEvents                                         *os.File
-	cpuPeriod, cpuQuota                                                      *os.File
-	procs                                                                    []*os.File // cgroup.procs, one per distinct directory, for the launcher
+	cpuUsage, memUsage, memMax, memFailcnt, memLimit, memswLimit, oomControl ctlFile
+	pidsCurrent, pidsMax, pidsEvents                                         ctlFile
+	cpuPeriod, cpuQuota                                                      ctlFile
+	procs                                                                    []int // cgroup.procs, one per distinct directory, for the launcher
 
 	// last are the counters the previous run ended with: nothing between
 	// two runs (a box's teardown, the next one's setup by pid 1 alone)
@@ -60,6 +62,7 @@ func checkCgroups() error {
 // newCgroup makes parent/name under every controller and opens its files.
 func newCgroup(parent, name string) (*cgroup, error) {
 	cg := &cgroup{dirs: map[string]string{}}
+	cg.clearFiles()
 	for _, c := range controllers {
 		d := filepath.Join(cgroupRoot, c, parent, name)
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -69,13 +72,16 @@ func newCgroup(parent, name string) (*cgroup, error) {
 		cg.dirs[c] = d
 	}
 	var err error
-	open := func(ctrl, name string, flag int) *os.File {
+	open := func(ctrl, name string, flag int) ctlFile {
 		if err != nil {
-			return nil
+			return -1
 		}
-		var f *os.File
-		f, err = os.OpenFile(filepath.Join(cg.dirs[ctrl], name), flag, 0)
-		return f
+		var fd int
+		path := filepath.Join(cg.dirs[ctrl], name)
+		if fd, err = unix.Open(path, flag|unix.O_CLOEXEC, 0); err != nil {
+			err = &os.PathError{Op: "open", Path: path, Err: err}
+		}
+		return ctlFile(fd)
 	}
 	cg.cpuUsage = open("cpuacct", "cpuacct.usage", os.O_RDONLY)
 	cg.memUsage = open("memory", "memory.usage_in_bytes", os.O_RDONLY)
@@ -92,31 +98,34 @@ func newCgroup(parent, name string) (*cgroup, error) {
 	for _, c := range controllers {
 		if !slices.Contains(joined, cg.dirs[c]) {
 			joined = append(joined, cg.dirs[c])
-			if f := open(c, "cgroup.procs", os.O_WRONLY); f != nil {
-				cg.procs = append(cg.procs, f)
+			if f := open(c, "cgroup.procs", os.O_WRONLY); f >= 0 {
+				cg.procs = append(cg.procs, int(f))
 			}
 		}
-	}
-	if err == nil {
-		// Where the kernel accounts swap (swapaccount=1).
-		cg.memswLimit, _ = os.OpenFile(filepath.Join(cg.dirs["memory"], "memory.memsw.limit_in_bytes"), os.O_RDWR, 0)
 	}
 	if err != nil {
 		cg.remove()
 		return nil, fmt.Errorf("cgroup files: %w", err)
 	}
+	// Where the kernel accounts swap (swapaccount=1).
+	cg.memswLimit = open("memory", "memory.memsw.limit_in_bytes", os.O_RDWR)
+	err = nil
 	return cg, nil
 }
 
-func writeInt(f *os.File, v int64) error {
-	_, err := f.WriteAt([]byte(strconv.FormatInt(v, 10)), 0)
+// ctlFile is an open cgroup control file: a plain descriptor (kernfs files
+// need no poller), read and written at offset 0 in one system call.
+type ctlFile int
+
+func writeInt(f ctlFile, v int64) error {
+	_, err := unix.Pwrite(int(f), []byte(strconv.FormatInt(v, 10)), 0)
 	return err
 }
 
-func readInt(f *os.File) (int64, error) {
+func readInt(f ctlFile) (int64, error) {
 	var b [32]byte
-	n, err := f.ReadAt(b[:], 0)
-	if n == 0 && err != nil {
+	n, err := unix.Pread(int(f), b[:], 0)
+	if err != nil {
 		return 0, err
 	}
 	return strconv.ParseInt(strings.TrimSpace(string(b[:n])), 10, 64)
@@ -153,7 +162,7 @@ func (cg *cgroup) setMemory(limit int64) error {
 		}
 	}
 	// memsw must stay >= the memory limit: raise it first, lower it last.
-	if cg.memswLimit != nil && limit > old {
+	if cg.memswLimit >= 0 && limit > old {
 		if err := writeInt(cg.memswLimit, limit); err != nil {
 			return err
 		}
@@ -161,7 +170,7 @@ func (cg *cgroup) setMemory(limit int64) error {
 	if err := writeInt(cg.memLimit, limit); err != nil {
 		return err
 	}
-	if cg.memswLimit != nil && limit <= old {
+	if cg.memswLimit >= 0 && limit <= old {
 		if err := writeInt(cg.memswLimit, limit); err != nil {
 			return err
 		}
@@ -239,10 +248,10 @@ func (cg *cgroup) empty() bool {
 
 // event reads one "key value" line of a flat keyed file; a key the kernel
 // does not have reads as 0 (old kernels lack oom_kill: failcnt still tells).
-func event(f *os.File, key string) (int64, error) {
+func event(f ctlFile, key string) (int64, error) {
 	var b [512]byte
-	n, err := f.ReadAt(b[:], 0)
-	if n == 0 && err != nil {
+	n, err := unix.Pread(int(f), b[:], 0)
+	if err != nil {
 		return 0, err
 	}
 	for _, line := range strings.Split(string(b[:n]), "\n") {
@@ -261,13 +270,29 @@ func removeParent(parent string) {
 	}
 }
 
+func (cg *cgroup) files() []*ctlFile {
+	return []*ctlFile{&cg.cpuUsage, &cg.memUsage, &cg.memMax, &cg.memFailcnt, &cg.memLimit, &cg.memswLimit,
+		&cg.oomControl, &cg.pidsCurrent, &cg.pidsMax, &cg.pidsEvents, &cg.cpuPeriod, &cg.cpuQuota}
+}
+
+// clearFiles marks every file not open.
+func (cg *cgroup) clearFiles() {
+	for _, f := range cg.files() {
+		*f = -1
+	}
+}
+
 func (cg *cgroup) closeFiles() {
-	for _, f := range append([]*os.File{cg.cpuUsage, cg.memUsage, cg.memMax, cg.memFailcnt, cg.memLimit, cg.memswLimit,
-		cg.oomControl, cg.pidsCurrent, cg.pidsMax, cg.pidsEvents, cg.cpuPeriod, cg.cpuQuota}, cg.procs...) {
-		if f != nil {
-			f.Close()
+	for _, f := range cg.files() {
+		if *f >= 0 {
+			unix.Close(int(*f))
 		}
 	}
+	cg.clearFiles()
+	for _, fd := range cg.procs {
+		unix.Close(fd)
+	}
+	cg.procs = nil
 }
 
 // remove deletes the cgroups, waiting briefly for exiting processes to

@@ -45,10 +45,9 @@ func (b *box) execRaw(ctx context.Context, run proto.Run, lim limits) (api.FnCas
 	}
 
 	// Watch CPU time in the cgroup: RLIMIT_CPU counts one process and
-	// whole seconds; this counts every process, finely.
+	// whole seconds; this counts every process, finely. The waits for the
+	// result end at each watch.
 	every := min(max(lim.cpu/20, 5*time.Millisecond), 50*time.Millisecond)
-	tick := time.NewTicker(every)
-	defer tick.Stop()
 	var killed string
 	kill := func(reason string) error {
 		if killed != "" {
@@ -57,36 +56,35 @@ func (b *box) execRaw(ctx context.Context, run proto.Run, lim limits) (api.FnCas
 		killed = reason
 		return b.send(proto.KillFrame(reason), nil)
 	}
-	var deadline <-chan time.Time
+	var giveUp time.Time // set once the run was told to end for the call's sake
 	for {
-		select {
-		case r, ok := <-b.replies:
-			if !ok {
-				return api.FnCaseResult{}, errBoxGone
-			}
-			if r.Result == nil {
-				return api.FnCaseResult{}, fmt.Errorf("container: %s", r.Error)
-			}
+		r, err := b.next(time.Now().Add(every))
+		switch {
+		case err == nil && r.Result == nil:
+			return api.FnCaseResult{}, fmt.Errorf("container: %s", r.Error)
+		case err == nil:
 			return b.classify(r.Result, before, lim)
-		case <-tick.C:
-			cpu, err := b.cg.cpuNs()
-			if err != nil {
+		case err != errNoReplyYet:
+			return api.FnCaseResult{}, err
+		}
+		cpu, err := b.cg.cpuNs()
+		if err != nil {
+			return api.FnCaseResult{}, err
+		}
+		if cpu-before.cpuNs > int64(lim.cpu) {
+			if err := kill("cpu"); err != nil {
 				return api.FnCaseResult{}, err
 			}
-			if cpu-before.cpuNs > int64(lim.cpu) {
-				if err := kill("cpu"); err != nil {
-					return api.FnCaseResult{}, err
-				}
-			}
-		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
 			if err := kill("cancelled"); err != nil {
 				return api.FnCaseResult{}, err
 			}
-			if deadline == nil {
-				deadline = time.After(killGrace)
+			if giveUp.IsZero() {
+				giveUp = time.Now().Add(killGrace)
+			} else if time.Now().After(giveUp) {
+				return api.FnCaseResult{}, fmt.Errorf("%w: run not ended %s after the call was cancelled", errBoxGone, killGrace)
 			}
-		case <-deadline:
-			return api.FnCaseResult{}, fmt.Errorf("%w: run not ended %s after the call was cancelled", errBoxGone, killGrace)
 		}
 	}
 }

@@ -196,8 +196,9 @@ func (l *launcher) readOne() error {
 }
 
 // make asks for one container in setup's image, in netns, joining the
-// cgroups whose cgroup.procs files are given (open for writing).
-func (l *launcher) make(setup *proto.Setup, netns *os.File, cgroupProcs []*os.File) (made, error) {
+// cgroups whose cgroup.procs files are given (descriptors open for
+// writing).
+func (l *launcher) make(setup *proto.Setup, netns *os.File, cgroupProcs []int) (made, error) {
 	frame, err := proto.Make(setup)
 	if err != nil {
 		return made{}, err
@@ -209,10 +210,7 @@ func (l *launcher) make(setup *proto.Setup, netns *os.File, cgroupProcs []*os.Fi
 		return made{}, l.err
 	}
 	l.waiting = append(l.waiting, ch)
-	fds := []int{int(netns.Fd())}
-	for _, f := range cgroupProcs {
-		fds = append(fds, int(f.Fd()))
-	}
+	fds := append([]int{int(netns.Fd())}, cgroupProcs...)
 	_, _, err = l.conn.WriteMsgUnix(frame, unix.UnixRights(fds...), nil)
 	if err != nil {
 		l.waiting = l.waiting[:len(l.waiting)-1]
@@ -221,7 +219,6 @@ func (l *launcher) make(setup *proto.Setup, netns *os.File, cgroupProcs []*os.Fi
 	}
 	l.mu.Unlock()
 	runtime.KeepAlive(netns)
-	runtime.KeepAlive(cgroupProcs)
 	// The answer comes at once (a clone), and is always awaited: the
 	// container it makes is never lost.
 	m := <-ch

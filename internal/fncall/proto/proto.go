@@ -24,7 +24,6 @@
 package proto
 
 import (
-	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -172,13 +171,50 @@ func (d *Decoder) Bytes() []byte {
 
 func (d *Decoder) Str() string { return string(d.Bytes()) }
 
-// ReadFrame reads one frame from r: its type and body.
-func ReadFrame(r *bufio.Reader) (byte, []byte, error) {
-	var h [4]byte
-	if _, err := io.ReadFull(r, h[:]); err != nil {
+// Reader reads frames from a stream whose reads may stop at a deadline
+// and be retried: a frame cut short by one stays buffered for the next
+// Next. One read usually brings a whole frame, or several.
+type Reader struct {
+	r   io.Reader
+	buf []byte // read and not yet returned
+}
+
+// NewReader reads frames from r.
+func NewReader(r io.Reader) *Reader { return &Reader{r: r} }
+
+// Next returns the next frame's type and body. A read error (a deadline's
+// among them) is returned as it is, and Next may be called again; a frame
+// of a bad length is an error for good.
+func (r *Reader) Next() (byte, []byte, error) {
+	for {
+		if len(r.buf) >= 4 {
+			n := binary.LittleEndian.Uint32(r.buf)
+			if n == 0 || n > MaxFrame {
+				return 0, nil, fmt.Errorf("fncall proto: bad frame length %d", n)
+			}
+			if end := 4 + int(n); len(r.buf) >= end {
+				// The frame keeps its bytes: later reads go past them.
+				f := r.buf[4:end:end]
+				r.buf = r.buf[end:]
+				return f[0], f[1:], nil
+			}
+			if need := 4 + int(n); cap(r.buf) < need {
+				r.buf = append(make([]byte, 0, need), r.buf...)
+			}
+		}
+		if cap(r.buf)-len(r.buf) < 512 {
+			r.buf = append(make([]byte, 0, max(4096, 2*len(r.buf))), r.buf...)
+		}
+		n, err := r.r.Read(r.buf[len(r.buf):cap(r.buf)])
+		r.buf = r.buf[:len(r.buf)+n]
+		if n > 0 {
+			continue // an error comes back on the next read
+		}
+		if err == nil {
+			err = io.ErrNoProgress
+		}
 		return 0, nil, err
 	}
-	return readBody(r, binary.LittleEndian.Uint32(h[:]))
 }
 
 // ReadBody reads the rest of a frame whose length header was read.
