@@ -31,6 +31,9 @@ type FnRunRequest struct {
 	Compare string `json:"compare,omitempty"`
 	// Limits apply to each case and to the compile step separately.
 	Limits FnLimits `json:"limits,omitempty"`
+	// Project the call counts against (its FnCall rate); default the
+	// caller's. It must be within the caller's scope.
+	Project string `json:"project,omitempty"`
 }
 
 // FnFile is one file written under /box before anything runs.

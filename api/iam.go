@@ -27,6 +27,10 @@ type Quota struct {
 	// CreatesBurst is the rate limit's bucket size; 0 means one second's
 	// worth.
 	CreatesBurst int64 `json:"creates_burst,omitempty"`
+	// FnCallsPerSec limits FnCalls per second (each call of a batch
+	// counts); FnCallsBurst is its bucket size.
+	FnCallsPerSec float64 `json:"fn_calls_per_sec,omitempty"`
+	FnCallsBurst  int64   `json:"fn_calls_burst,omitempty"`
 }
 
 // QuotaPatch changes some fields of a Quota: the fields present are set (0
@@ -38,6 +42,8 @@ type QuotaPatch struct {
 	Disk          *Quantity `json:"disk,omitempty"`
 	CreatesPerSec *float64  `json:"creates_per_sec,omitempty"`
 	CreatesBurst  *int64    `json:"creates_burst,omitempty"`
+	FnCallsPerSec *float64  `json:"fn_calls_per_sec,omitempty"`
+	FnCallsBurst  *int64    `json:"fn_calls_burst,omitempty"`
 }
 
 // Apply returns q with p's fields set.
@@ -59,6 +65,12 @@ func (p QuotaPatch) Apply(q Quota) Quota {
 	}
 	if p.CreatesBurst != nil {
 		q.CreatesBurst = *p.CreatesBurst
+	}
+	if p.FnCallsPerSec != nil {
+		q.FnCallsPerSec = *p.FnCallsPerSec
+	}
+	if p.FnCallsBurst != nil {
+		q.FnCallsBurst = *p.FnCallsBurst
 	}
 	return q
 }

@@ -28,8 +28,9 @@ func projectCommands(a *app) []*cobra.Command {
 
 const quotaHelp = `QUOTA is a comma-separated list of KEY=VALUE: sandboxes=N, vcpu=CORES,
 memory=SIZE, disk=SIZE (sizes like 512Gi or 2Ti), creates=N[/s] (sandbox
-creations per second) and burst=N (the rate limit's bucket). 0 removes a
-limit. A sub-project's quota is carved out of its parent's: the quotas of a
+creations per second), burst=N (that rate limit's bucket), fn=N[/s]
+(FnCalls per second, each call of a batch counting) and fn-burst=N. 0
+removes a limit. A sub-project's quota is carved out of its parent's: the quotas of a
 project's sub-projects add up to at most its own.`
 
 // parseQuota reads "sandboxes=2000,vcpu=500,memory=2Ti,creates=50/s".
@@ -68,20 +69,28 @@ func parseQuota(s string) (api.QuotaPatch, error) {
 			} else {
 				p.Memory = &q
 			}
-		case "creates", "creates/s", "rate":
+		case "creates", "creates/s", "rate", "fn", "fn/s", "fn-calls":
 			f, err := strconv.ParseFloat(strings.TrimSuffix(v, "/s"), 64)
 			if err != nil || f < 0 {
-				return p, bad("creations per second, like 50/s")
+				return p, bad("a number per second, like 50/s")
 			}
-			p.CreatesPerSec = &f
-		case "burst", "creates-burst":
+			if strings.HasPrefix(k, "fn") {
+				p.FnCallsPerSec = &f
+			} else {
+				p.CreatesPerSec = &f
+			}
+		case "burst", "creates-burst", "fn-burst":
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil || n < 0 {
 				return p, bad("a count")
 			}
-			p.CreatesBurst = &n
+			if k == "fn-burst" {
+				p.FnCallsBurst = &n
+			} else {
+				p.CreatesBurst = &n
+			}
 		default:
-			return p, usagef("--quota: unknown key %q (want sandboxes, vcpu, memory, disk, creates or burst)", k)
+			return p, usagef("--quota: unknown key %q (want sandboxes, vcpu, memory, disk, creates, burst, fn or fn-burst)", k)
 		}
 	}
 	return p, nil
@@ -191,7 +200,8 @@ func printProject(w io.Writer, p *api.Project) error {
 	row(tw, "vCPU:", usedOf(fmtCores(u.CPU), fmtCores(q.CPU), q.CPU > 0))
 	row(tw, "Memory:", usedOf(u.Memory.String(), q.Memory.String(), q.Memory > 0))
 	row(tw, "Disk:", usedOf(u.Disk.String(), q.Disk.String(), q.Disk > 0))
-	row(tw, "Creates/s:", fmtRate(q))
+	row(tw, "Creates/s:", fmtRate(q.CreatesPerSec, q.CreatesBurst))
+	row(tw, "FnCalls/s:", fmtRate(q.FnCallsPerSec, q.FnCallsBurst))
 	if r := p.Reserved; r.Sandboxes > 0 {
 		row(tw, "Being created:", fmt.Sprintf("%d sandboxes, %s vCPU, %s", r.Sandboxes, fmtCores(r.CPU), r.Memory))
 	}
@@ -209,13 +219,13 @@ func printProject(w io.Writer, p *api.Project) error {
 
 func fmtCores(c float64) string { return strconv.FormatFloat(c, 'f', -1, 64) }
 
-func fmtRate(q api.Quota) string {
-	if q.CreatesPerSec <= 0 {
+func fmtRate(perSec float64, burst int64) string {
+	if perSec <= 0 {
 		return "-"
 	}
-	s := fmtCores(q.CreatesPerSec) + "/s"
-	if q.CreatesBurst > 0 {
-		s += fmt.Sprintf(" (burst %d)", q.CreatesBurst)
+	s := fmtCores(perSec) + "/s"
+	if burst > 0 {
+		s += fmt.Sprintf(" (burst %d)", burst)
 	}
 	return s
 }
@@ -246,7 +256,7 @@ func printProjectTree(w io.Writer, list []api.Project) error {
 	for _, p := range list {
 		byPath[p.Path] = p
 	}
-	tw := newTable(w, "PROJECT", "SANDBOXES", "VCPU", "MEMORY", "DISK", "CREATES/S", "DESCRIPTION")
+	tw := newTable(w, "PROJECT", "SANDBOXES", "VCPU", "MEMORY", "DISK", "CREATES/S", "FN/S", "DESCRIPTION")
 	var walk func(p api.Project, label, indent string)
 	walk = func(p api.Project, label, indent string) {
 		q, u := p.Quota, p.Usage
@@ -255,7 +265,7 @@ func printProjectTree(w io.Writer, list []api.Project) error {
 			usedOf(fmtCores(u.CPU), fmtCores(q.CPU), q.CPU > 0),
 			usedOf(u.Memory.String(), q.Memory.String(), q.Memory > 0),
 			usedOf(u.Disk.String(), q.Disk.String(), q.Disk > 0),
-			fmtRate(q), orDash(p.Description))
+			fmtRate(q.CreatesPerSec, q.CreatesBurst), fmtRate(q.FnCallsPerSec, q.FnCallsBurst), orDash(p.Description))
 		for i, c := range p.Children {
 			child, ok := byPath[c]
 			if !ok {

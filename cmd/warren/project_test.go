@@ -186,12 +186,13 @@ func TestProjectUsageErrors(t *testing.T) {
 }
 
 func TestParseQuota(t *testing.T) {
-	p, err := parseQuota("sandboxes=2000, vcpu=500,memory=2Ti,disk=10Ti,creates=50/s,burst=100")
+	p, err := parseQuota("sandboxes=2000, vcpu=500,memory=2Ti,disk=10Ti,creates=50/s,burst=100,fn=400/s,fn-burst=800")
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := p.Apply(api.Quota{})
-	want := api.Quota{Sandboxes: 2000, CPU: 500, Memory: 2 << 40, Disk: 10 << 40, CreatesPerSec: 50, CreatesBurst: 100}
+	want := api.Quota{Sandboxes: 2000, CPU: 500, Memory: 2 << 40, Disk: 10 << 40, CreatesPerSec: 50, CreatesBurst: 100,
+		FnCallsPerSec: 400, FnCallsBurst: 800}
 	if got != want {
 		t.Errorf("got %+v, want %+v", got, want)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/fleet"
 	"github.com/warrenhq/warren/internal/fncall"
+	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/node/nodeapi"
 )
 
@@ -61,7 +62,7 @@ const (
 )
 
 func (s *Server) fnRoutes(auth func(handler) http.Handler) {
-	f := &fnAPI{fc: s.fnCluster(), m: newFnMetrics(s.cfg.Registry)}
+	f := &fnAPI{fc: s.fnCluster(), m: newFnMetrics(s.cfg.Registry), iam: s.cfg.IAM}
 	s.mux.Handle("POST /v1/fn/run", auth(f.run))
 	s.mux.Handle("POST /v1/fn/batch", auth(f.batch))
 	s.mux.Handle("GET /v1/fn/runtimes", auth(f.runtimes))
@@ -113,13 +114,18 @@ func errRuntimeNotFound(name string) error {
 }
 
 type fnAPI struct {
-	fc FnCluster
-	m  *fnMetrics
+	fc  FnCluster
+	m   *fnMetrics
+	iam *iam.IAM // nil: no projects, no rate limits
 }
 
 func (f *fnAPI) run(w http.ResponseWriter, r *http.Request) error {
 	var req api.FnRunRequest
 	if err := decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	if err := f.admit(r.Context(), []*api.FnRunRequest{&req}); err != nil {
+		f.m.observe(req.Runtime, api.FnResult{}, err, 0)
 		return err
 	}
 	res, err := f.call(r.Context(), req)
@@ -137,6 +143,13 @@ func (f *fnAPI) batch(w http.ResponseWriter, r *http.Request) error {
 	if n := len(req.Calls); n < 1 || n > nodeapi.MaxFnBatch {
 		return errdefs.Invalid("a batch takes 1..%d calls, got %d", nodeapi.MaxFnBatch, n)
 	}
+	calls := make([]*api.FnRunRequest, len(req.Calls))
+	for i := range req.Calls {
+		calls[i] = &req.Calls[i]
+	}
+	if err := f.admit(r.Context(), calls); err != nil {
+		return err
+	}
 	items := nodeapi.RunFnCalls(r.Context(), req.Calls, fnBatchParallel, f.call)
 	return writeJSON(w, http.StatusOK, api.FnBatchResult{Results: items})
 }
@@ -150,6 +163,43 @@ func (f *fnAPI) runtimes(w http.ResponseWriter, r *http.Request) error {
 		list = []api.FnRuntime{}
 	}
 	return writeJSON(w, http.StatusOK, api.FnRuntimeList{Runtimes: list})
+}
+
+// admit authorizes each call in its project (default: the caller's) and
+// takes the calls from their projects' FnCall rates, a batch's all at once:
+// over a rate, nothing runs and the answer is 429 rate_limited with
+// Retry-After. (A batch spanning projects may have used up some of its
+// first projects' budgets when a later one refuses.)
+func (f *fnAPI) admit(ctx context.Context, calls []*api.FnRunRequest) error {
+	p := principal(ctx)
+	count := map[string]int{}
+	var projects []string
+	for _, c := range calls {
+		project := p.Project
+		if c.Project != "" {
+			var err error
+			if project, err = iam.CleanPath(c.Project); err != nil {
+				return err
+			}
+		}
+		if err := iam.Authorize(p, iam.ActionSandboxExec, project); err != nil {
+			return err
+		}
+		c.Project = project
+		if count[project] == 0 {
+			projects = append(projects, project)
+		}
+		count[project]++
+	}
+	if f.iam == nil {
+		return nil
+	}
+	for _, project := range projects {
+		if err := f.iam.AllowFnCalls(ctx, project, count[project]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // call checks and runs one call, and counts it.

@@ -476,3 +476,74 @@ func TestFnRouterNodeLost(t *testing.T) {
 		t.Errorf("cpp with a1 lost: %d %s", st, a.body)
 	}
 }
+
+// FnCalls count against their project's fn_calls_per_sec: a call over it
+// is refused with 429 rate_limited and Retry-After before any runs, a batch
+// takes its calls all at once, a sub-project's own rate is its own, and a
+// call may name a project only within the caller's scope.
+func TestFnRateLimit(t *testing.T) {
+	st := store.Memory()
+	m := iam.New(st, iam.Options{})
+	if _, err := m.EnsureAdmin(context.Background(), adminSecret); err != nil {
+		t.Fatal(err)
+	}
+	fake := fncalltest.New("python3")
+	srv := httptest.NewServer(apiserver.New(apiserver.Config{
+		Node: nodetest.New(t, nil), Fn: fake, Images: imagetest.Busybox,
+		Tokens: m, IAM: m, Log: quietLog,
+	}))
+	t.Cleanup(srv.Close)
+	h := &iamHarness{t: t, url: srv.URL, iam: m}
+	h.project("team", iam.Quota{FnCallsPerSec: 0.01, FnCallsBurst: 3})
+	h.project("team/fast", iam.Quota{FnCallsPerSec: 0.005, FnCallsBurst: 5})
+	h.project("other", iam.Quota{})
+	tok := h.token("team", iam.RoleRunner)
+	run := `{"runtime":"python3","stdin":"x"}`
+	limited := func(what string, a answer) {
+		t.Helper()
+		if a.status != http.StatusTooManyRequests || a.code(t) != api.CodeRateLimited || a.header.Get("Retry-After") == "" {
+			t.Errorf("%s: %d %s (Retry-After %q), want 429 rate_limited", what, a.status, a.body, a.header.Get("Retry-After"))
+		}
+	}
+
+	// team's own budget is its 0.01/s less the 0.005/s it delegated:
+	// the burst of 3 passes, the fourth call does not.
+	for i := range 3 {
+		if a := h.do(tok, "POST", "/v1/fn/run", run); a.status != 200 {
+			t.Fatalf("call %d: %d %s", i, a.status, a.body)
+		}
+	}
+	before := len(fake.Calls())
+	limited("fourth call", h.do(tok, "POST", "/v1/fn/run", run))
+	limited("batch over the rate", h.do(tok, "POST", "/v1/fn/batch", `{"calls":[`+run+`,`+run+`]}`))
+	if n := len(fake.Calls()); n != before {
+		t.Errorf("refused calls ran: %d calls, want %d", n, before)
+	}
+	if calls := fake.Calls(); len(calls) == 0 || calls[0].Project != "team" {
+		t.Errorf("a call without a project counts against the caller's: %+v", calls)
+	}
+
+	// The sub-project's rate is its own, and a batch of 5 fits its burst
+	// at once while a second one does not.
+	fast := `{"runtime":"python3","stdin":"x","project":"team/fast"}`
+	batch := `{"calls":[` + strings.Repeat(fast+",", 4) + fast + `]}`
+	if a := h.do(tok, "POST", "/v1/fn/batch", batch); a.status != 200 {
+		t.Fatalf("batch in team/fast: %d %s", a.status, a.body)
+	}
+	limited("second batch in team/fast", h.do(tok, "POST", "/v1/fn/batch", batch))
+
+	// Outside the token's scope: 403, nothing taken.
+	if a := h.do(tok, "POST", "/v1/fn/run", `{"runtime":"python3","project":"other"}`); a.status != http.StatusForbidden {
+		t.Errorf("call in another project: %d %s, want 403", a.status, a.body)
+	}
+	if a := h.do(tok, "POST", "/v1/fn/run", `{"runtime":"python3","project":"../x"}`); a.status != http.StatusBadRequest {
+		t.Errorf("bad project path: %d %s, want 400", a.status, a.body)
+	}
+	// A project without a rate of its own or above it is not limited.
+	free := h.token("other", iam.RoleRunner)
+	for i := range 10 {
+		if a := h.do(free, "POST", "/v1/fn/run", run); a.status != 200 {
+			t.Fatalf("unlimited call %d: %d %s", i, a.status, a.body)
+		}
+	}
+}

@@ -195,6 +195,7 @@ func quotaFromAPI(q api.Quota) iam.Quota {
 			Memory: int64(q.Memory), Disk: int64(q.Disk),
 		},
 		CreatesPerSec: q.CreatesPerSec, CreatesBurst: q.CreatesBurst,
+		FnCallsPerSec: q.FnCallsPerSec, FnCallsBurst: q.FnCallsBurst,
 	}
 }
 
@@ -203,6 +204,7 @@ func quotaToAPI(q iam.Quota) api.Quota {
 		Sandboxes: q.Sandboxes, CPU: float64(q.MilliCPU) / 1000,
 		Memory: api.Quantity(q.Memory), Disk: api.Quantity(q.Disk),
 		CreatesPerSec: q.CreatesPerSec, CreatesBurst: q.CreatesBurst,
+		FnCallsPerSec: q.FnCallsPerSec, FnCallsBurst: q.FnCallsBurst,
 	}
 }
 

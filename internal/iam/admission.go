@@ -3,6 +3,7 @@ package iam
 import (
 	"context"
 	"math"
+	"strconv"
 	"sync"
 	"time"
 
@@ -246,12 +247,23 @@ func (i *IAM) Reserve(ctx context.Context, project string, req Resources) (*Rese
 // bucket; ErrNotFound (project). Buckets live in this apiserver's memory:
 // with R replicas the cluster-wide rate is up to R times the limit.
 func (i *IAM) AllowCreates(ctx context.Context, project string, n int) error {
+	return i.allow(ctx, project, n, dimRate)
+}
+
+// AllowFnCalls takes n FnCalls from project's FnCallsPerSec budget, the
+// way AllowCreates does for creations.
+func (i *IAM) AllowFnCalls(ctx context.Context, project string, n int) error {
+	return i.allow(ctx, project, n, dimFnRate)
+}
+
+// allow takes n from the rate limit of dimension d (dimRate, dimFnRate).
+func (i *IAM) allow(ctx context.Context, project string, n int, d int) error {
 	project, err := CleanPath(project)
 	if err != nil {
 		return err
 	}
 	if n <= 0 {
-		return errdefs.Invalid("AllowCreates: n = %d, want >= 1", n)
+		return errdefs.Invalid("allow %s: n = %d, want >= 1", dimNames[d], n)
 	}
 	t, err := i.treeWith(ctx, project)
 	if err != nil {
@@ -261,18 +273,21 @@ func (i *IAM) AllowCreates(ctx context.Context, project string, n int) error {
 	if x == nil {
 		return projectNotFound(project)
 	}
-	for x != nil && x.lim[dimRate] == 0 {
+	for x != nil && x.lim[d] == 0 {
 		x = x.parent
 	}
 	if x == nil {
 		return nil // no rate limit anywhere up the tree
 	}
-	rate := float64(x.lim[dimRate]-x.delegated(dimRate)) / 1000
+	rate := float64(x.lim[d]-x.delegated(d)) / 1000
 	if rate <= 0 {
 		return errdefs.Exhausted(CodeRateLimited, i.opts.QuotaRetryAfter,
-			"project %s has delegated all of its %s creates/s to sub-projects", displayPath(x.path), fmtDim(dimRate, x.lim[dimRate]))
+			"project %s has delegated all of its %s to sub-projects", displayPath(x.path), rateText(d, x.lim[d]))
 	}
 	burst := float64(x.rec.Quota.CreatesBurst)
+	if d == dimFnRate {
+		burst = float64(x.rec.Quota.FnCallsBurst)
+	}
 	if burst <= 0 {
 		burst = math.Max(1, math.Ceil(rate))
 	}
@@ -281,10 +296,10 @@ func (i *IAM) AllowCreates(ctx context.Context, project string, n int) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := i.now()
-	key := x.path + "\x00" + x.rec.UID
+	key := dimNames[d] + "\x00" + x.path + "\x00" + x.rec.UID
 	b := a.buckets[key]
 	if b == nil {
-		if len(a.buckets) > 4*i.opts.MaxProjects {
+		if len(a.buckets) > 8*i.opts.MaxProjects {
 			clear(a.buckets) // deleted projects' buckets; all restart full
 		}
 		b = &bucket{tokens: burst, last: now}
@@ -294,10 +309,16 @@ func (i *IAM) AllowCreates(ctx context.Context, project string, n int) error {
 	wait := b.take(float64(n), now)
 	if wait > 0 {
 		return errdefs.Exhausted(CodeRateLimited, wait,
-			"project %s is limited to %s creates/s (burst %g): retry in %v",
-			displayPath(x.path), fmtDim(dimRate, int64(rate*1000)), burst, wait.Round(time.Millisecond))
+			"project %s is limited to %s (burst %g): retry in %v",
+			displayPath(x.path), rateText(d, int64(rate*1000)), burst, wait.Round(time.Millisecond))
 	}
 	return nil
+}
+
+// rateText says a rate of dimension d given in thousandths per second:
+// "2.5 fn calls/s".
+func rateText(d int, milli int64) string {
+	return strconv.FormatFloat(float64(milli)/1000, 'f', -1, 64) + " " + dimNames[d]
 }
 
 // bucket is a token bucket. tokens may go negative: a gang larger than

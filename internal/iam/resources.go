@@ -56,8 +56,9 @@ func (r Resources) validate(what string) error {
 }
 
 // Quota is what a project may use: its whole subtree's usage stays within
-// the Resources limits, and its creates per second within CreatesPerSec.
-// Zero fields impose no limit of the project's own.
+// the Resources limits, its creates per second within CreatesPerSec and its
+// FnCalls per second within FnCallsPerSec. Zero fields impose no limit of
+// the project's own.
 type Quota struct {
 	Resources
 	// CreatesPerSec limits sandbox creations per second (fractions allowed).
@@ -65,43 +66,56 @@ type Quota struct {
 	// CreatesBurst is the bucket size for CreatesPerSec; 0 means one
 	// second's worth (at least 1).
 	CreatesBurst int64 `json:"creates_burst,omitempty"`
+	// FnCallsPerSec limits FnCalls (each call of a batch counts) per
+	// second; FnCallsBurst is its bucket, like CreatesBurst.
+	FnCallsPerSec float64 `json:"fn_calls_per_sec,omitempty"`
+	FnCallsBurst  int64   `json:"fn_calls_burst,omitempty"`
 }
 
 func (q Quota) validate() error {
 	if err := q.Resources.validate("quota"); err != nil {
 		return err
 	}
-	if math.IsNaN(q.CreatesPerSec) || math.IsInf(q.CreatesPerSec, 0) || q.CreatesPerSec < 0 || q.CreatesPerSec > 1e9 {
-		return errdefs.Invalid("quota: creates_per_sec %v must be between 0 and 1e9", q.CreatesPerSec)
-	}
-	if q.CreatesBurst < 0 {
-		return errdefs.Invalid("quota: creates_burst is negative (%d)", q.CreatesBurst)
+	for _, r := range []struct {
+		name  string
+		rate  float64
+		burst int64
+	}{{"creates", q.CreatesPerSec, q.CreatesBurst}, {"fn_calls", q.FnCallsPerSec, q.FnCallsBurst}} {
+		if math.IsNaN(r.rate) || math.IsInf(r.rate, 0) || r.rate < 0 || r.rate > 1e9 {
+			return errdefs.Invalid("quota: %s_per_sec %v must be between 0 and 1e9", r.name, r.rate)
+		}
+		if r.burst < 0 {
+			return errdefs.Invalid("quota: %s_burst is negative (%d)", r.name, r.burst)
+		}
 	}
 	return nil
 }
 
 // limits returns the quota as one vector: the four resources, then the
-// creation rate in thousandths per second (integers, so delegated rates add
-// up exactly).
+// creation and FnCall rates in thousandths per second (integers, so
+// delegated rates add up exactly).
 func (q Quota) limits() [nLimits]int64 {
 	var l [nLimits]int64
 	copy(l[:], q.Resources.vec().slice())
 	l[dimRate] = int64(math.Round(q.CreatesPerSec * 1000))
+	l[dimFnRate] = int64(math.Round(q.FnCallsPerSec * 1000))
 	return l
 }
 
-// Dimensions. The first nRes are Resources fields; dimRate is only a limit.
+// Dimensions. The first nRes are Resources fields; the rates are only
+// limits.
 const (
 	dimSandboxes = iota
 	dimCPU
 	dimMemory
 	dimDisk
 	nRes
-	dimRate = nRes
-	nLimits = nRes + 1
+	dimRate   = nRes
+	dimFnRate = nRes + 1
+	nLimits   = nRes + 2
 )
 
-var dimNames = [nLimits]string{"sandboxes", "cpu", "memory", "disk", "creates/s"}
+var dimNames = [nLimits]string{"sandboxes", "cpu", "memory", "disk", "creates/s", "fn calls/s"}
 
 type vec [nRes]int64
 
@@ -134,7 +148,7 @@ func fmtDim(d int, x int64) string {
 		return strconv.FormatFloat(float64(x)/1000, 'f', -1, 64) + " vCPU"
 	case dimMemory, dimDisk:
 		return api.Quantity(x).String()
-	case dimRate:
+	case dimRate, dimFnRate:
 		return strconv.FormatFloat(float64(x)/1000, 'f', -1, 64) + "/s"
 	}
 	return fmt.Sprint(x)

@@ -489,11 +489,12 @@ class Fn:
                 stdin: Union[str, bytes, None] = None, cases: Optional[List[Any]] = None,
                 args: Optional[List[str]] = None, env: Optional[Dict[str, str]] = None,
                 limits: Optional[Dict[str, Any]] = None, stop_on_fail: bool = False,
-                compare: str = "") -> Dict[str, Any]:
+                compare: str = "", project: str = "") -> Dict[str, Any]:
         """Builds a request body. ``cases`` are (stdin, expected) pairs or
         stdin values (expected None: not compared); ``limits`` uses the
         API's keys: cpu_time, wall_time ("2s"), memory ("256Mi"), pids,
-        output, file_size."""
+        output, file_size; ``project`` is the project the call counts
+        against (its fn_calls_per_sec; default the token's)."""
         body: Dict[str, Any] = {"runtime": runtime}
         if isinstance(source, bytes):
             try:
@@ -520,7 +521,7 @@ class Fn:
                 _bytes_field(c, "expected", want)
                 body["cases"].append(c)
         for k, v in (("args", args), ("env", env), ("limits", limits), ("stop_on_fail", stop_on_fail),
-                     ("compare", compare)):
+                     ("compare", compare), ("project", project)):
             if v:
                 body[k] = v
         return body
