@@ -43,7 +43,7 @@ type fnRunFlags struct {
 	stdin                    string
 	cases, files, args, env  []string
 	stopOnFail               bool
-	compare                  string
+	compare, project         string
 	out                      string
 }
 
@@ -130,6 +130,7 @@ Exit status:
 	f.StringArrayVar(&fl.files, "file", nil, "extra file PATH[:DEST], DEST relative to the working directory (repeatable)")
 	f.StringArrayVar(&fl.args, "arg", nil, "argument for the program (repeatable; or put them after --)")
 	f.StringArrayVarP(&fl.env, "env", "e", nil, "environment KEY=VALUE, or KEY to pass the local value (repeatable)")
+	f.StringVar(&fl.project, "project", "", "project the call counts against (default: the token's)")
 	f.StringVarP(&fl.out, "output", "o", "", "output: table (default) or json")
 	return c
 }
@@ -137,7 +138,7 @@ Exit status:
 // request builds the call from the flags; expected holds each case's OUT
 // (nil when it has none), for diffs.
 func (fl *fnRunFlags) request(ctx context.Context, a *app, cl *client.Client, src string, args []string) (api.FnRunRequest, [][]byte, error) {
-	req := api.FnRunRequest{Runtime: fl.runtime, StopOnFail: fl.stopOnFail, Compare: fl.compare,
+	req := api.FnRunRequest{Runtime: fl.runtime, StopOnFail: fl.stopOnFail, Compare: fl.compare, Project: fl.project,
 		Args: append(append([]string(nil), fl.args...), args...)}
 	if fl.runtime == "" {
 		return req, nil, usagef("--runtime is required (see 'warren fn runtimes')")
