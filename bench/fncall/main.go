@@ -347,9 +347,11 @@ func run(ctx context.Context, cfg config) error {
 				if len(ss) == 0 || len(bare) == 0 {
 					continue
 				}
-				line := fmt.Sprintf("     %-17s throughput %.2fx   p50 %.2fx   p99 %.2fx   cpu/call %.2fx",
-					p.name+"/bare", median(ss, rate)/median(bare, rate), median(ss, p50)/median(bare, p50),
-					median(ss, p99)/median(bare, p99), median(ss, cpuGroup)/median(bare, cpuGroup))
+				// Each round's figure against the bare peer's in the same
+				// round, whose machine state it shared: the median of
+				// those, and their spread.
+				line := fmt.Sprintf("     %-17s throughput %s   p50 %s   p99 %s   cpu/call %s",
+					p.name+"/bare", paired(ss, bare, rate), paired(ss, bare, p50), paired(ss, bare, p99), paired(ss, bare, cpuGroup))
 				if p.name == "warren" {
 					line += "   (targets: throughput >= 0.8x, p50 <= 1.3x)"
 				}
@@ -378,6 +380,24 @@ func values(ss []sample, f func(sample) float64) []float64 {
 func median(ss []sample, f func(sample) float64) float64 {
 	v := values(ss, f)
 	return v[len(v)/2]
+}
+
+// paired prints the median and spread of ss's figures over base's, round
+// by round ("0.81x (0.78-0.84)"); with a round missing on either side, the
+// ratio of the medians.
+func paired(ss, base []sample, f func(sample) float64) string {
+	if len(ss) != len(base) {
+		return fmt.Sprintf("%.2fx", median(ss, f)/median(base, f))
+	}
+	r := make([]float64, len(ss))
+	for i := range ss {
+		r[i] = f(ss[i]) / f(base[i])
+	}
+	sort.Float64s(r)
+	if len(r) == 1 {
+		return fmt.Sprintf("%.2fx", r[0])
+	}
+	return fmt.Sprintf("%.2fx (%.2f-%.2f)", r[len(r)/2], r[0], r[len(r)-1])
 }
 
 // spread prints "median (min-max)".
