@@ -78,6 +78,7 @@ type config struct {
 	warrenPID    int
 	warrenCgroup string
 	warrenCRun   string
+	bURL, bToken string // a second warren (peer warren-b), for A/B runs
 	warrenWait   time.Duration
 	pythonArgs   string
 	keep         bool
@@ -101,6 +102,8 @@ func main() {
 	flag.IntVar(&cfg.warrenPID, "warren-pid", 0, "pid of the warren daemon, for its CPU (default: whoever listens on -url's port)")
 	flag.StringVar(&cfg.warrenCgroup, "warren-cgroup", "", "cgroup (cpuacct hierarchy) of warren's FnCall containers, for their CPU (default /warren/<node>/fn)")
 	flag.StringVar(&cfg.warrenCRun, "warren-c-runtime", "c", "warren runtime for the c job: one without a compile step, given the binary as the file it runs")
+	flag.StringVar(&cfg.bURL, "b-url", "", "a second `warren up` measured as peer warren-b (add it to -peers), against warren round by round: an A/B of two builds or settings")
+	flag.StringVar(&cfg.bToken, "b-token-file", "", "the second warren's admin token")
 	flag.DurationVar(&cfg.warrenWait, "warren-wait", 5*time.Minute, "how long to wait for warren's runtimes to become available")
 	flag.StringVar(&cfg.pythonArgs, "python-args", "auto", `python3's flags in the python job ("auto": those of warren's python3 runtime if the warren peer runs, else "-I -S")`)
 	flag.BoolVar(&cfg.keep, "keep", false, "keep the temporary dir")
@@ -356,6 +359,11 @@ func run(ctx context.Context, cfg config) error {
 					line += "   (targets: throughput >= 0.8x, p50 <= 1.3x)"
 				}
 				fmt.Println(line)
+			}
+			if wa, wb := built["warren"], built["warren-b"]; wa != nil && wb != nil && len(res[key(j, c, wa)]) > 0 && len(res[key(j, c, wb)]) > 0 {
+				a, b := res[key(j, c, wa)], res[key(j, c, wb)]
+				fmt.Printf("     %-17s throughput %s   p50 %s   p99 %s   cpu/call %s\n", "warren-b/warren",
+					paired(b, a, rate), paired(b, a, p50), paired(b, a, p99), paired(b, a, cpuGroup))
 			}
 			for _, e := range firstErrs {
 				fmt.Printf("     error: %s\n", e)

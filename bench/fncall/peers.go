@@ -29,7 +29,7 @@ type peer struct {
 }
 
 func (p *peer) runs(j *job) bool {
-	return p.not[j.name] == "" && (!j.warrenOnly || p.name == "warren")
+	return p.not[j.name] == "" && (!j.warrenOnly || strings.HasPrefix(p.name, "warren"))
 }
 
 func newPeer(ctx context.Context, name string, cfg config, dir string, jobs []*job, g *cpuGroup) (*peer, error) {
@@ -45,8 +45,19 @@ func newPeer(ctx context.Context, name string, cfg config, dir string, jobs []*j
 		return newPodman(ctx, g)
 	case "warren":
 		return newWarren(ctx, cfg, jobs, g)
+	case "warren-b":
+		if cfg.bURL == "" {
+			return &peer{name: name, skip: "no -b-url"}, nil
+		}
+		b := cfg
+		b.url, b.tokenFile, b.warrenPID, b.warrenCgroup = cfg.bURL, cfg.bToken, 0, ""
+		p, err := newWarren(ctx, b, jobs, g)
+		if p != nil {
+			p.name = name
+		}
+		return p, err
 	}
-	return nil, fmt.Errorf("unknown peer (bare, bwrap, runc, podman, warren)")
+	return nil, fmt.Errorf("unknown peer (bare, bwrap, runc, podman, warren, warren-b)")
 }
 
 // runCmd runs cmd and returns its stdout, or an error with its stderr's

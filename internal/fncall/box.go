@@ -54,10 +54,8 @@ func newBox(ctx context.Context, spec boxSpec) (b *box, err error) {
 			b.destroy()
 		}
 	}()
-	if spec.cpus > 0 {
-		if err := cg.setCPUs(spec.cpus); err != nil {
-			return b, err
-		}
+	if err := cg.setCPUs(spec.cpus); err != nil {
+		return b, err
 	}
 	l, err := spec.launcher()
 	if err != nil {
@@ -67,7 +65,7 @@ func newBox(ctx context.Context, spec boxSpec) (b *box, err error) {
 		return b, err
 	}
 	b.netnsPool = spec.netns
-	m, err := l.make(&spec.setup, b.netns, cg.procs)
+	m, err := l.make(&spec.setup, b.netns, cg.join(spec.cpus > 0))
 	if err != nil {
 		return b, err
 	}

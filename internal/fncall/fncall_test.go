@@ -621,3 +621,62 @@ func TestCgroupsRecycled(t *testing.T) {
 		t.Errorf("%d cgroups made for 12 sequential calls: not recycled", len(seen))
 	}
 }
+
+// TestCPUCap: by default a run's processes stay in the daemon's cgroup in
+// the cpu hierarchy, without a cap; a runtime with CPUs gets a cgroup of
+// its own per container, capped, and its run is slowed to the cap.
+func TestCPUCap(t *testing.T) {
+	requireFn(t)
+	l := imagetest.BusyboxLayer(t)
+	free := Runtime{Name: "sh", Env: "busybox@1", Source: "main.sh", Run: []string{"sh", "main.sh"}, Pool: PoolConfig{Min: 1, Max: 2}}
+	capped := free
+	capped.Name, capped.CPUs = "sh-capped", 0.25
+	s := startService(t, map[string]backend.Layer{"busybox@1": l}, free, capped)
+	parent, err := cpuDir(s.cfg.CgroupParent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hierarchy := strings.TrimSuffix(parent, s.cfg.CgroupParent)
+	comounted := filepath.Base(hierarchy) == "cpuacct"
+	// No cgroup namespace: /proc/self/cgroup shows the host's path.
+	script := `grep -E ':cpu(,cpuacct)?:' /proc/self/cgroup | cut -d: -f3
+n=0; while [ $n -lt 60000 ]; do n=$((n+1)); done`
+	runIn := func(rt string) (string, api.FnCaseResult) {
+		t.Helper()
+		req := sh(script)
+		req.Runtime = rt
+		c := one(t, run(t, s, req))
+		if c.Status != api.FnOK {
+			t.Fatalf("%s: %+v", rt, c)
+		}
+		return strings.TrimSpace(c.Stdout), c
+	}
+	ours := ""
+	if b, err := os.ReadFile("/proc/self/cgroup"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.SplitN(line, ":", 3); len(f) == 3 && (f[1] == "cpu" || f[1] == "cpu,cpuacct") {
+				ours = f[2]
+			}
+		}
+	}
+	got, free1 := runIn("sh")
+	if comounted && !strings.HasPrefix(got, s.cfg.CgroupParent+"/fn-") || !comounted && got != ours {
+		t.Errorf("uncapped run in cpu cgroup %q, want this process's %q (cpu and cpuacct one hierarchy: %v)", got, ours, comounted)
+	}
+	got, capped1 := runIn("sh-capped")
+	if !strings.HasPrefix(got, s.cfg.CgroupParent+"/fn-") {
+		t.Fatalf("capped run in cpu cgroup %q, want one of its own under %s", got, s.cfg.CgroupParent)
+	}
+	quota, err := os.ReadFile(filepath.Join(hierarchy, got, "cpu.cfs_quota_us"))
+	if err != nil || strings.TrimSpace(string(quota)) != "25000" {
+		t.Errorf("capped container's quota %q (%v), want 25000", quota, err)
+	}
+	// At a quarter of a CPU the same work takes about 4x its CPU time.
+	if free1.CPUMs < 40 || capped1.CPUMs < 40 {
+		t.Fatalf("the loop is too short to tell: %d and %d ms of CPU", free1.CPUMs, capped1.CPUMs)
+	}
+	t.Logf("capped: %d ms wall for %d ms CPU; uncapped: %d ms wall for %d ms CPU", capped1.WallMs, capped1.CPUMs, free1.WallMs, free1.CPUMs)
+	if capped1.WallMs < 2*capped1.CPUMs || free1.WallMs > 2*free1.CPUMs {
+		t.Errorf("capped: %d ms wall for %d ms CPU; uncapped: %d ms wall for %d ms CPU", capped1.WallMs, capped1.CPUMs, free1.WallMs, free1.CPUMs)
+	}
+}
