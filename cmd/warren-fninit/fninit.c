@@ -583,7 +583,11 @@ static int child(void *arg) {
 	run_t *r = a->r;
 	const char *path = a->path;
 	int in = a->in, out = a->out, err = a->err, errpipe = a->errpipe;
-	setsid();
+	// No setsid: the run stays in the launcher's session (which the agent
+	// started without a terminal), and so in its scheduler autogroup. A
+	// session per run is an autogroup per run where autogroups are on: a
+	// task group per container, like a cpu cgroup each (see fncall's
+	// cgroup.go).
 	dup2(in, 0);
 	dup2(out, 1);
 	dup2(err, 2);

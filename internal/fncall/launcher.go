@@ -67,7 +67,9 @@ func startLauncher(path string, log *slog.Logger) (*launcher, error) {
 	l.cmd.Env = []string{}
 	l.cmd.ExtraFiles = []*os.File{child} // proto.Fd
 	l.cmd.Stderr = logWriter{log}
-	l.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	// A session of its own, without the agent's terminal; its containers
+	// stay in it (one scheduler autogroup for them all).
+	l.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setsid: true}
 	started := make(chan error, 1)
 	go func() {
 		// PDEATHSIG fires when the thread that started the child ends:
