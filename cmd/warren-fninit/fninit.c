@@ -23,7 +23,8 @@
 //
 // A container's pid 1 (fd 3: its own socket): joins its cgroups and network
 // namespace, builds the root (overlay of the read-only layers over a
-// size-capped tmpfs; fresh /proc, a tmpfs /dev, /tmp, the workdir),
+// size-capped tmpfs; fresh /proc, the agent's read-only /dev with the
+// scratch's shm/ on /dev/shm, /tmp, the workdir),
 // moves it onto / and chroots into it, sets its hostname, empties the capability bounding
 // set, sets no_new_privs, loads the seccomp filter and answers READY. Then
 // FILES (written under the workdir as the runs' uid) and RUN (fork, exec as
@@ -328,7 +329,7 @@ static char *join(const char *a, const char *b) {
 
 // setup is what MAKE carries.
 typedef struct {
-	char *scratch, *hostname, *workdir;
+	char *scratch, *hostname, *workdir, *dev;
 	uint64_t scratch_bytes, uid, gid, readonly;
 	char **lower;
 	struct sock_filter *filter;
@@ -345,33 +346,18 @@ static setup_t S;
 		}                                                                                                      \
 	} while (0)
 
-// devices are made in the container's tmpfs /dev (nodes, not binds: no
-// mount to make or tear down). No tty: it would reach the agent's terminal.
-static const struct {
-	const char *name;
-	unsigned minor; // major 1, the memory devices
-} devices[] = {{"null", 3}, {"zero", 5}, {"full", 7}, {"random", 8}, {"urandom", 9}, {NULL, 0}};
-
-// populate mounts /proc and /dev inside root (the current directory).
+// populate mounts /proc and /dev inside root (the current directory). /dev
+// is the agent's template, read-only and the same for every container (its
+// device nodes work on it; nothing can be created there), with the
+// scratch's shm/ on /dev/shm: two bind mounts, no filesystem of its own to
+// make and tear down per container.
 static void populate(void) {
 	const unsigned long nsd = MS_NOSUID | MS_NODEV | MS_NOEXEC;
 	mkdir("proc", 0755);
 	mkdir("dev", 0755);
 	CHECK(mount("proc", "proc", "proc", nsd, "subset=pid,hidepid=invisible"), "mount /proc");
-	CHECK(mount("tmpfs", "dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=64m"), "mount /dev");
-	char p[64];
-	for (int i = 0; devices[i].name; i++) {
-		snprintf(p, sizeof p, "dev/%s", devices[i].name);
-		CHECK(mknod(p, S_IFCHR | 0666, makedev(1, devices[i].minor)), p);
-		CHECK(chmod(p, 0666), p); // past the umask
-	}
-	CHECK(symlink("/proc/self/fd", "dev/fd"), "dev/fd");
-	CHECK(symlink("/proc/self/fd/0", "dev/stdin"), "dev/stdin");
-	CHECK(symlink("/proc/self/fd/1", "dev/stdout"), "dev/stdout");
-	CHECK(symlink("/proc/self/fd/2", "dev/stderr"), "dev/stderr");
-	// /dev/shm shares the /dev tmpfs (64 MiB, charged to the container).
-	CHECK(mkdir("dev/shm", 01777), "dev/shm");
-	CHECK(chmod("dev/shm", 01777), "dev/shm");
+	CHECK(mount(S.dev, "dev", NULL, MS_BIND, NULL), "bind /dev");
+	CHECK(mount("../shm", "dev/shm", NULL, MS_BIND, NULL), "bind /dev/shm");
 }
 
 // mkdirs makes path (relative to the current directory) and its parents.
@@ -416,6 +402,8 @@ static void build_root(void) {
 	CHECK(mount("tmpfs", S.scratch, "tmpfs", MS_NOSUID | MS_NODEV, opts), "mount scratch tmpfs");
 	CHECK(chdir(S.scratch), "chdir scratch");
 	CHECK(mkdir("root", 0755), "mkdir root");
+	CHECK(mkdir("shm", 01777), "mkdir shm");
+	CHECK(chmod("shm", 01777), "chmod shm"); // past the umask
 	const char *wd = S.workdir + 1; // relative to the new root
 	if (S.readonly) {
 		CHECK(mkdir("tmp", 01777), "mkdir tmp");
@@ -987,6 +975,7 @@ static int parse_setup(reader *rd) {
 	S.lower = get_strs(rd);
 	size_t n;
 	const char *f = get_bytes(rd, &n);
+	S.dev = get_str(rd);
 	if (n % sizeof(struct sock_filter) || n / sizeof(struct sock_filter) > BPF_MAXINSNS)
 		rd->bad = 1;
 	S.filter_len = n / sizeof(struct sock_filter);
@@ -994,7 +983,7 @@ static int parse_setup(reader *rd) {
 	if (!S.filter)
 		die("out of memory");
 	memcpy(S.filter, f, n);
-	if (!rd->bad && (!S.lower[0] || S.workdir[0] != '/' || !S.scratch[0]))
+	if (!rd->bad && (!S.lower[0] || S.workdir[0] != '/' || !S.scratch[0] || !S.dev[0]))
 		rd->bad = 1;
 	return rd->bad ? -1 : 0;
 }
@@ -1003,6 +992,7 @@ static void free_setup(void) {
 	free(S.scratch);
 	free(S.hostname);
 	free(S.workdir);
+	free(S.dev);
 	free_strs(S.lower);
 	free(S.filter);
 	memset(&S, 0, sizeof S);

@@ -282,6 +282,7 @@ echo "procs=$(ls /proc | grep -c '^[0-9]')"
 echo "devs=$(ls /dev | tr '\n' ,)"
 touch /tmp/mark /box/mark /dev/shm/mark && echo writes=ok
 touch /etc/mark 2>&1 | grep -q Read-only && echo etc=rofs || echo etc=writable
+touch /dev/mark 2>/dev/null && echo dev=writable || echo dev=ro
 echo x > /dev/null && head -c 4 /dev/zero | wc -c | tr -d ' ' | sed 's/^/zero=/'
 unshare -U true 2>/dev/null && echo userns=yes || echo userns=no
 mount -t tmpfs x /tmp 2>/dev/null && echo mount=yes || echo mount=no
@@ -293,7 +294,7 @@ grep -E '^(CapBnd|CapEff|NoNewPrivs|Seccomp):' /proc/self/status | tr -s '\t ' '
 	// read-only.
 	etc := map[string]string{"read-only": "etc=rofs", "overlay": "etc=writable"}[root]
 	for _, want := range []string{"uid=65534 host=fn pwd=/box", "ifaces=lo,", "devs=fd,full,null,random,shm,stderr,stdin,stdout,urandom,zero,",
-		"hosttree=hidden", "dotdot=stays", "pid1root=hidden", "writes=ok", etc, "zero=4", "userns=no", "mount=no", "mknod=no",
+		"hosttree=hidden", "dotdot=stays", "pid1root=hidden", "writes=ok", etc, "dev=ro", "zero=4", "userns=no", "mount=no", "mknod=no",
 		"CapBnd: 0000000000000000", "CapEff: 0000000000000000", "NoNewPrivs: 1", "Seccomp: 2"} {
 		if !strings.Contains(c.Stdout, want+"\n") {
 			t.Errorf("want %q in:\n%s", want, c.Stdout)

@@ -137,6 +137,7 @@ type Service struct {
 
 	launchMu sync.Mutex
 	launch   *launcher // started on first use, again if it died
+	devMade  bool      // the /dev template is mounted (before the first launcher)
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -264,6 +265,12 @@ func (s *Service) launcher() (*launcher, error) {
 	if s.ctx.Err() != nil {
 		return nil, errdefs.Unavailable("fncall: shutting down")
 	}
+	if !s.devMade {
+		if err := makeDev(s.devDir()); err != nil {
+			return nil, fmt.Errorf("fncall: /dev template: %w", err)
+		}
+		s.devMade = true
+	}
 	l, err := startLauncher(s.cfg.Init, s.cfg.Log)
 	if err != nil {
 		return nil, err
@@ -307,6 +314,10 @@ func (s *Service) Close() {
 	s.launchMu.Lock()
 	if s.launch != nil {
 		s.launch.close()
+	}
+	if s.devMade {
+		removeDev(s.devDir())
+		s.devMade = false
 	}
 	s.launchMu.Unlock()
 	s.cgroups.close()
@@ -401,7 +412,7 @@ func (s *Service) resolve(ctx context.Context, rt Runtime) (boxSpec, api.Image, 
 		netns:    s.netns,
 		setup: proto.Setup{
 			Lower: lower, Scratch: filepath.Join(s.cfg.StateDir, "scratch"), ScratchBytes: s.cfg.ScratchBytes,
-			Hostname: "fn", Workdir: workdir, UID: s.cfg.UID, GID: s.cfg.GID, Seccomp: s.seccomp,
+			Hostname: "fn", Workdir: workdir, UID: s.cfg.UID, GID: s.cfg.GID, Seccomp: s.seccomp, Dev: s.devDir(),
 			ReadOnly: readOnly,
 		},
 	}, img, digests, nil
