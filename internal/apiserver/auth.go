@@ -155,6 +155,22 @@ func authorizeRoute(p iam.Principal, pattern string) error {
 	return iam.Authorize(p, ru.action, project)
 }
 
+// projectFor is the project a request acts in: the one it names, else the
+// caller's; the caller must be allowed action there.
+func projectFor(p iam.Principal, named string, action iam.Action) (string, error) {
+	project := p.Project
+	if named != "" {
+		var err error
+		if project, err = iam.CleanPath(named); err != nil {
+			return "", err
+		}
+	}
+	if err := iam.Authorize(p, action, project); err != nil {
+		return "", err
+	}
+	return project, nil
+}
+
 // principal returns the caller authenticated sets in ctx. Without one (a
 // handler reached some other way) it is a principal with no role, which
 // every check refuses.

@@ -41,14 +41,8 @@ func (s *Server) createBatch(w http.ResponseWriter, r *http.Request) error {
 	}
 	ctx := r.Context()
 	p := principal(ctx)
-	project := p.Project
-	if tmpl.Project != "" {
-		var err error
-		if project, err = iam.CleanPath(tmpl.Project); err != nil {
-			return err
-		}
-	}
-	if err := iam.Authorize(p, iam.ActionSandboxCreate, project); err != nil {
+	project, err := projectFor(p, tmpl.Project, iam.ActionSandboxCreate)
+	if err != nil {
 		return err
 	}
 	tmpl.Project = project

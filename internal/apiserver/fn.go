@@ -175,14 +175,8 @@ func (f *fnAPI) admit(ctx context.Context, calls []*api.FnRunRequest) error {
 	count := map[string]int{}
 	var projects []string
 	for _, c := range calls {
-		project := p.Project
-		if c.Project != "" {
-			var err error
-			if project, err = iam.CleanPath(c.Project); err != nil {
-				return err
-			}
-		}
-		if err := iam.Authorize(p, iam.ActionSandboxExec, project); err != nil {
+		project, err := projectFor(p, c.Project, iam.ActionSandboxExec)
+		if err != nil {
 			return err
 		}
 		c.Project = project

@@ -32,14 +32,8 @@ const idempotencyHeader = "Idempotency-Key"
 func (s *Server) admitCreate(w http.ResponseWriter, r *http.Request, req api.CreateSandboxRequest, create createFunc) (api.Sandbox, error) {
 	ctx := r.Context()
 	p := principal(ctx)
-	project := p.Project
-	if req.Project != "" {
-		var err error
-		if project, err = iam.CleanPath(req.Project); err != nil {
-			return api.Sandbox{}, err
-		}
-	}
-	if err := iam.Authorize(p, iam.ActionSandboxCreate, project); err != nil {
+	project, err := projectFor(p, req.Project, iam.ActionSandboxCreate)
+	if err != nil {
 		return api.Sandbox{}, err
 	}
 	req.Project = project
