@@ -153,12 +153,7 @@ func (b *box) send(frame []byte, err error) error {
 
 // alive reports whether the container's pid 1 still runs.
 func (b *box) alive() bool {
-	select {
-	case <-b.exited:
-		return false
-	default:
-		return true
-	}
+	return !closed(b.exited)
 }
 
 // destroy ends the container: closing its socket makes pid 1 exit, and as
@@ -195,6 +190,16 @@ func (b *box) destroy() error {
 		}
 	}
 	return b.cgroups.put(b.cg)
+}
+
+// closed reports whether ch is closed (nothing is ever sent on it).
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 func randomHex(n int) string {

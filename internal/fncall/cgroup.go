@@ -43,7 +43,7 @@ type cgroup struct {
 	cpuUsage, memUsage, memMax, memFailcnt, memLimit, memswLimit, oomControl ctlFile
 	pidsCurrent, pidsMax, pidsEvents                                         ctlFile
 	cpuPeriod, cpuQuota                                                      ctlFile
-	procs                                                                    []int // cgroup.procs, one per distinct directory, for the launcher
+	procs                                                                    []int // cgroup.procs of each controller, for the launcher
 	cpuProcs                                                                 int   // the box's own cpu cgroup's, once made (and not the cpuacct one); -1 before
 	path                                                                     string
 
@@ -85,12 +85,9 @@ func newCgroup(parent, name string) (*cgroup, error) {
 		if err != nil {
 			return -1
 		}
-		var fd int
-		path := filepath.Join(cg.dirs[ctrl], name)
-		if fd, err = unix.Open(path, flag|unix.O_CLOEXEC, 0); err != nil {
-			err = &os.PathError{Op: "open", Path: path, Err: err}
-		}
-		return ctlFile(fd)
+		var f ctlFile
+		f, err = openCtl(cg.dirs[ctrl], name, flag)
+		return f
 	}
 	cg.cpuUsage = open("cpuacct", "cpuacct.usage", os.O_RDONLY)
 	cg.memUsage = open("memory", "memory.usage_in_bytes", os.O_RDONLY)
@@ -110,10 +107,19 @@ func newCgroup(parent, name string) (*cgroup, error) {
 		cg.remove()
 		return nil, fmt.Errorf("cgroup files: %w", err)
 	}
-	// Where the kernel accounts swap (swapaccount=1).
-	cg.memswLimit = open("memory", "memory.memsw.limit_in_bytes", os.O_RDWR)
-	err = nil
+	// Where the kernel accounts swap (swapaccount=1); -1 elsewhere.
+	cg.memswLimit, _ = openCtl(cg.dirs["memory"], "memory.memsw.limit_in_bytes", os.O_RDWR)
 	return cg, nil
+}
+
+// openCtl opens a control file of the cgroup directory dir; -1 on error.
+func openCtl(dir, name string, flag int) (ctlFile, error) {
+	path := filepath.Join(dir, name)
+	fd, err := unix.Open(path, flag|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	return ctlFile(fd), nil
 }
 
 // ctlFile is an open cgroup control file: a plain descriptor (kernfs files
@@ -162,31 +168,38 @@ func (cg *cgroup) setCPUs(cores float64) error {
 
 // openCPU makes the box's cpu cgroup (where cpu has a hierarchy of its own)
 // and opens its bandwidth files.
-func (cg *cgroup) openCPU() error {
+func (cg *cgroup) openCPU() (err error) {
 	dir, err := cpuDir(cg.path)
 	if err != nil {
 		return err
 	}
-	if dir != cg.dirs["cpuacct"] {
+	defer func() {
+		if err != nil { // none half-open: the next setCPUs tries again
+			for _, fd := range []*int{&cg.cpuProcs, (*int)(&cg.cpuPeriod), (*int)(&cg.cpuQuota)} {
+				if *fd >= 0 {
+					unix.Close(*fd)
+				}
+				*fd = -1
+			}
+			err = fmt.Errorf("cgroup cpu: %w", err)
+		}
+	}()
+	if dir != cg.dirs["cpuacct"] { // else joined with cpuacct already
 		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return fmt.Errorf("cgroup cpu: %w", err)
+			return err
 		}
 		cg.dirs["cpu"] = dir
-	}
-	for _, f := range []struct {
-		name string
-		dst  *int
-	}{{"cpu.cfs_period_us", (*int)(&cg.cpuPeriod)}, {"cpu.cfs_quota_us", (*int)(&cg.cpuQuota)}, {"cgroup.procs", &cg.cpuProcs}} {
-		if f.name == "cgroup.procs" && dir == cg.dirs["cpuacct"] {
-			break // joined with cpuacct
-		}
-		fd, err := unix.Open(filepath.Join(dir, f.name), unix.O_WRONLY|unix.O_CLOEXEC, 0)
+		procs, err := openCtl(dir, "cgroup.procs", os.O_WRONLY)
 		if err != nil {
-			return fmt.Errorf("cgroup cpu: %w", &os.PathError{Op: "open", Path: filepath.Join(dir, f.name), Err: err})
+			return err
 		}
-		*f.dst = fd
+		cg.cpuProcs = int(procs)
 	}
-	return nil
+	if cg.cpuPeriod, err = openCtl(dir, "cpu.cfs_period_us", os.O_WRONLY); err != nil {
+		return err
+	}
+	cg.cpuQuota, err = openCtl(dir, "cpu.cfs_quota_us", os.O_WRONLY)
+	return err
 }
 
 // cpuDir is path's directory in the cpu hierarchy: in cpuacct's where the

@@ -9,11 +9,12 @@
 // clones itself for each container, without an exec, into new mount, pid,
 // IPC and UTS namespaces. A container (box) is that clone as pid 1, in a
 // network namespace with only lo recycled from earlier containers
-// (netnsPool) and in memory, cpu, cpuacct and pids cgroups of its own,
-// recycled once empty (cgroupPool, v1). pid 1 builds the root: by default
-// the runtime's EROFS layer bound read-only with a size-capped tmpfs on
-// /box and /tmp (Runtime.WritableRoot, or a layer that cannot be bound so,
-// gives an overlay over that tmpfs instead), a fresh /proc, a tmpfs /dev;
+// (netnsPool) and in memory, cpuacct and pids cgroups of its own (cpu too
+// when its runtime caps CPUs), recycled once empty (cgroupPool, v1). pid 1
+// builds the root: by default the runtime's EROFS layer bound read-only
+// with a size-capped tmpfs on /box, /tmp and /dev/shm (Runtime.WritableRoot,
+// or a layer that cannot be bound so, gives an overlay over that tmpfs
+// instead), a fresh /proc, the node's read-only /dev template (dev.go);
 // it runs with an empty capability bounding set and no_new_privs, loads the
 // seccomp filter the agent assembled (seccomp.go) and waits. The agent
 // talks to the launcher and to each pid 1 over sockets (package proto).
@@ -21,7 +22,8 @@
 // the kernel's (namespaces, mounts, cgroup moves, process exits).
 //
 // Service.Run validates a call (limits against the node's maximum), waits
-// for a run slot (MaxRunning calls at once per node), claims a container,
+// for a run slot (MaxRunning calls at once per node, 2 per CPU), claims a
+// container,
 // writes the files, compiles once, and runs the program once per case as
 // an unprivileged uid (box.exec): the agent sets the cgroup limits over the
 // container's baseline, resets its peak, watches CPU time in cpuacct and

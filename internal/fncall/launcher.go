@@ -229,12 +229,7 @@ func (l *launcher) make(setup *proto.Setup, netns *os.File, cgroupProcs []int) (
 
 // alive reports whether the launcher still runs.
 func (l *launcher) alive() bool {
-	select {
-	case <-l.dead:
-		return false
-	default:
-		return true
-	}
+	return !closed(l.dead)
 }
 
 // close ends the launcher, and with it every container it made.
