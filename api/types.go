@@ -195,6 +195,9 @@ type ExecEvent struct {
 	Encoding string      `json:"encoding,omitempty"`
 	Result   *ExecResult `json:"result,omitempty"`
 	Error    *Error      `json:"error,omitempty"`
+	// Status is, with Error, the HTTP status the error would have had
+	// before the stream started, so its kind survives the stream.
+	Status int `json:"status,omitempty"`
 }
 
 // FileInfo describes a path inside a sandbox (HEAD/GET on files sets the

@@ -27,7 +27,9 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"io"
+	"fmt"
 	"log/slog"
+	"mime"
 	"net/http"
 	"strconv"
 	"strings"
@@ -87,12 +89,10 @@ type CreateRequest struct {
 	Image *api.Image `json:"image,omitempty"`
 }
 
-// Event is one line of an exec stream on the node API: an api.ExecEvent,
-// and for an error the HTTP status it would have had.
-type Event struct {
-	api.ExecEvent
-	Status int `json:"status,omitempty"`
-}
+// Event is one line of an exec stream: the node API's streams are REST v1's
+// (an error event carries its HTTP status, api.ExecEvent.Status), so an
+// apiserver passes them through as they come.
+type Event = api.ExecEvent
 
 const (
 	tarType    = "application/x-tar"
@@ -237,7 +237,7 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	id := r.PathValue("id")
-	if !req.Stream {
+	if !WantsStream(r, req) {
 		res, err := s.agent.Exec(r.Context(), id, req, nil, nil)
 		if err != nil {
 			return err
@@ -251,9 +251,23 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 			return err // nothing sent yet: a normal error answer
 		}
 		status, e := httperr.ToAPI(err)
-		return st.send(Event{ExecEvent: api.ExecEvent{Error: &e}, Status: status})
+		return st.send(Event{Error: &e, Status: status})
 	}
-	return st.send(Event{ExecEvent: api.ExecEvent{Result: &res}})
+	return st.send(Event{Result: &res})
+}
+
+// WantsStream reports whether an exec asks for an NDJSON stream: "stream"
+// in its body, or an Accept of application/x-ndjson.
+func WantsStream(r *http.Request, req api.ExecRequest) bool {
+	if req.Stream {
+		return true
+	}
+	for _, a := range strings.Split(r.Header.Get("Accept"), ",") {
+		if mt, _, err := mime.ParseMediaType(strings.TrimSpace(a)); err == nil && mt == ndjsonType {
+			return true
+		}
+	}
+	return false
 }
 
 // stream writes exec events as NDJSON, flushing each. Headers go out with
@@ -279,6 +293,7 @@ func (s *stream) send(ev Event) error {
 	if !s.sent {
 		s.sent = true
 		s.w.Header().Set("Content-Type", ndjsonType)
+		s.w.Header().Set("X-Content-Type-Options", "nosniff")
 		s.w.WriteHeader(http.StatusOK)
 	}
 	if s.err != nil {
@@ -299,7 +314,7 @@ func (s *stream) send(ev Event) error {
 func (s *stream) writer(name string) io.Writer {
 	return writerFunc(func(p []byte) (int, error) {
 		data, enc := api.EncodeBytes(p)
-		s.send(Event{ExecEvent: api.ExecEvent{Stream: name, Data: data, Encoding: enc}})
+		s.send(Event{Stream: name, Data: data, Encoding: enc})
 		return len(p), nil
 	})
 }
@@ -316,22 +331,35 @@ func (s *Server) stat(w http.ResponseWriter, r *http.Request) error {
 	return httperr.WriteJSON(w, http.StatusOK, fi)
 }
 
-// readFiles streams one file (?format=file, the default) or a tar of a
-// path (?format=tar). No Stat first: the apiserver did one already.
+// readFiles streams a tar of a path (?format=tar, or a directory) or one
+// regular file, with its size and mode in the headers.
 func (s *Server) readFiles(w http.ResponseWriter, r *http.Request) error {
 	id, q := r.PathValue("id"), r.URL.Query()
 	p := q.Get("path")
 	ctx := r.Context()
-	var read func(io.Writer) error
-	switch q.Get("format") {
-	case "", "file":
-		w.Header().Set("Content-Type", "application/octet-stream")
-		read = func(cw io.Writer) error { return s.agent.ReadFile(ctx, id, p, cw) }
-	case "tar":
+	format := q.Get("format")
+	switch format {
+	case "", "file", "tar":
+	default:
+		return errdefs.Invalid("format %q: want file or tar", format)
+	}
+	if format != "tar" {
+		fi, err := s.agent.Stat(ctx, id, p)
+		if err != nil {
+			return err
+		}
+		if fi.IsDir {
+			format = "tar"
+		} else {
+			w.Header().Set("Content-Type", "application/octet-stream")
+			w.Header().Set("X-Warren-File-Mode", fmt.Sprintf("%04o", fi.Mode))
+			w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
+		}
+	}
+	read := func(cw io.Writer) error { return s.agent.ReadFile(ctx, id, p, cw) }
+	if format == "tar" {
 		w.Header().Set("Content-Type", tarType)
 		read = func(cw io.Writer) error { return s.agent.ReadTar(ctx, id, p, cw) }
-	default:
-		return errdefs.Invalid("format %q: want file or tar", q.Get("format"))
 	}
 	return httperr.Stream(w, s.log.With("sandbox", id, "path", p), read)
 }
@@ -340,7 +368,7 @@ func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) error {
 	id, q := r.PathValue("id"), r.URL.Query()
 	p := q.Get("path")
 	var err error
-	if ct := r.Header.Get("Content-Type"); strings.HasPrefix(ct, tarType) {
+	if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct == tarType {
 		err = s.agent.WriteTar(r.Context(), id, p, r.Body)
 	} else {
 		mode := uint64(0o644)
