@@ -57,6 +57,7 @@ type Agent interface {
 	ReadFile(ctx context.Context, id, path string, w io.Writer) error
 	WriteTar(ctx context.Context, id, dir string, r io.Reader) error
 	ReadTar(ctx context.Context, id, path string, w io.Writer) error
+	Stats(ctx context.Context, id string) (api.SandboxStats, error)
 }
 
 var _ Agent = (*node.Agent)(nil)
@@ -137,6 +138,7 @@ func (s *Server) routes() {
 	s.mux.Handle("GET /v1/sandboxes/{id}/stat", h(s.stat))
 	s.mux.Handle("GET /v1/sandboxes/{id}/files", h(s.readFiles))
 	s.mux.Handle("PUT /v1/sandboxes/{id}/files", h(s.writeFiles))
+	s.mux.Handle("GET /v1/sandboxes/{id}/stats", h(s.stats))
 	s.mux.Handle("/", h(func(w http.ResponseWriter, r *http.Request) error {
 		return errdefs.New(errdefs.ErrNotFound, api.CodeNotFound, "no node API route for %s %s", r.Method, r.URL.Path)
 	}))
@@ -384,4 +386,12 @@ func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) error {
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
+}
+
+func (s *Server) stats(w http.ResponseWriter, r *http.Request) error {
+	st, err := s.agent.Stats(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	return httperr.WriteJSON(w, http.StatusOK, st)
 }
