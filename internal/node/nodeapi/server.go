@@ -1,17 +1,22 @@
 // Package nodeapi is the node agent's HTTP API: what apiservers call to
 // create sandboxes on one node, inspect and delete them, run commands in
 // them, move files in and out, and poll the node's status. Server serves an
-// agent on its --listen address; Client calls one node and implements the
-// apiserver's Node interface over HTTP; Clients keeps one Client per node
-// and polls them for the fleet watcher (fleet.StatusSource).
+// agent on its --listen address; Client calls one node (creates, lists,
+// gets and deletes typed; every other call on a sandbox forwarded as it
+// came, Forward); Clients keeps one Client per node and polls them for the
+// fleet watcher (fleet.StatusSource).
 //
-// Paths mirror REST v1 (/v1/sandboxes/...), with two differences: a create
+// The calls on one sandbox (/v1/sandboxes/{id}/exec, /files, /stat,
+// /stats, ...) are REST v1's exactly, so that an apiserver forwards them
+// as they come (Client.Forward; the apiserver's one path per verb) and the
+// public SDKs speak to a node as they speak to an apiserver. Adding a verb
+// on a sandbox takes a handler here, the agent's method and the backend's,
+// and one rule line in the apiserver. A create differs from REST v1: it
 // carries the image the apiserver already resolved, so a node reads no
-// registry (it needs only the blob store), and an exec stream's error event
-// carries the error's HTTP status, so its kind survives the hop. Errors are
-// rendered and read with internal/httperr: a node's 429 node_full comes
-// back to the apiserver as errdefs.ErrExhausted with its Retry-After.
-// Bodies stream both ways; nothing is buffered whole.
+// registry (it needs only the blob store). Errors are rendered and read
+// with internal/httperr: a node's 429 node_full comes back to the
+// apiserver as errdefs.ErrExhausted with its Retry-After. Bodies stream
+// both ways; nothing is buffered whole.
 //
 // Every call but /healthz carries a bearer token that the server's
 // Authenticator accepts: the node's own secret (Secret), which its agent
