@@ -20,11 +20,12 @@ import (
 	"github.com/warrenhq/warren/internal/testutil"
 )
 
-// warrenBin builds the binary once per test run.
-func warrenBin(t *testing.T) string {
+// warrenBin builds the binary once per test run, with build tags such as
+// warrenfake (`warren agent --backend fake`).
+func warrenBin(t *testing.T, tags ...string) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "warren")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/warrenhq/warren/cmd/warren")
+	cmd := exec.Command("go", "build", "-tags", strings.Join(tags, ","), "-o", bin, "github.com/warrenhq/warren/cmd/warren")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
