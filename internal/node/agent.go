@@ -89,6 +89,8 @@ type Agent struct {
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
 	inflight  int
+	// shuttingDown: StopSandboxes is on, and admits no more creates.
+	shuttingDown bool
 	reserved  usage     // resources of live sandboxes and creates in flight
 	changes   changeLog // what Changes tells (changes.go); its tombstones under mu
 	graves    graves    // why recently ended sandboxes ended (reaper.go)

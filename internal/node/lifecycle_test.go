@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/backend/fake"
 	"github.com/warrenhq/warren/internal/errdefs"
 )
@@ -260,5 +261,59 @@ func TestStopSandboxes(t *testing.T) {
 	// Nothing for a new agent to re-adopt.
 	if list, _ := newAgent(t, dir, nil).List(ctx, Filter{}); len(list) != 0 {
 		t.Errorf("a new agent re-adopted %d sandboxes", len(list))
+	}
+}
+
+// StopSandboxes waits for a create in flight and ends its sandbox too, and
+// refuses creates from then on: nothing is left running after it.
+func TestStopSandboxesCreateInFlight(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	entered, release := make(chan struct{}), make(chan struct{})
+	b, err := fake.New(filepath.Join(dir, "fake"), fake.Options{Name: api.BackendContainer,
+		CreateHook: func(context.Context, backend.Spec) error { close(entered); <-release; return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newAgent(t, dir, func(c *Config) { c.Backends = []backend.Backend{b} })
+	created := make(chan error, 1)
+	go func() {
+		_, err := a.Create(ctx, api.CreateSandboxRequest{Image: "busybox"})
+		created <- err
+	}()
+	<-entered
+	stopped := make(chan []string, 1)
+	go func() {
+		ids, _ := a.StopSandboxes(ctx)
+		stopped <- ids
+	}()
+	waitFor(t, "StopSandboxes under way", func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.shuttingDown
+	})
+	if _, err := a.Create(ctx, api.CreateSandboxRequest{Image: "busybox"}); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("create while stopping: %v, want ErrUnavailable", err)
+	}
+	close(release)
+	if err := <-created; err != nil {
+		t.Fatalf("the create in flight: %v", err)
+	}
+	if ids := <-stopped; len(ids) != 1 {
+		t.Errorf("StopSandboxes ended %v, want the sandbox created meanwhile", ids)
+	}
+	if list, _ := a.List(ctx, Filter{}); len(list) != 0 {
+		t.Errorf("left %d sandboxes running", len(list))
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -135,10 +135,27 @@ func (a *Agent) end(ctx context.Context, s *sandbox, why func(*sandbox) string) 
 }
 
 // StopSandboxes ends every sandbox of the node, for an agent told to leave
-// nothing behind when it stops (`--stop-sandboxes`): calls in flight
-// answer sandbox_gone ("node shutting down"). It returns the ids it ended;
-// the error joins those it could not.
+// nothing behind when it stops (`--stop-sandboxes`): from now on the node
+// admits no create (503), creates in flight are waited for and ended too,
+// and calls in flight answer sandbox_gone ("node shutting down"). It
+// returns the ids it ended; the error joins those it could not.
 func (a *Agent) StopSandboxes(ctx context.Context) ([]string, error) {
+	a.mu.Lock()
+	a.shuttingDown = true
+	a.mu.Unlock()
+	for {
+		a.mu.Lock()
+		n := a.inflight
+		a.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 	var (
 		mu    sync.Mutex
 		ids   []string

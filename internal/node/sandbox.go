@@ -51,13 +51,6 @@ func (s *sandbox) snapshot() api.Sandbox {
 	return v
 }
 
-func (s *sandbox) touch() {
-	s.mu.Lock()
-	s.view.LastUsedAt = time.Now().UTC()
-	s.changed()
-	s.mu.Unlock()
-}
-
 func (s *sandbox) setState(state, reason string) {
 	s.mu.Lock()
 	s.view.State, s.view.Reason = state, reason
@@ -135,6 +128,9 @@ func (a *Agent) admit(r api.Resources) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	l := a.cfg.Limits
+	if a.shuttingDown {
+		return errdefs.Unavailable("node %s is shutting down and ending its sandboxes", a.cfg.ID)
+	}
 	var why string
 	switch {
 	case a.inflight >= l.CreatesInFlight:
