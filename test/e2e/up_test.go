@@ -39,6 +39,7 @@ type cluster struct {
 	addr    string
 	up      *exec.Cmd
 	log     *bytes.Buffer
+	args    []string // more flags for `warren up`
 }
 
 func freeAddr(t *testing.T) string {
@@ -54,7 +55,7 @@ func freeAddr(t *testing.T) string {
 func (c *cluster) start() {
 	c.t.Helper()
 	c.log = &bytes.Buffer{}
-	c.up = exec.Command(c.bin, "up", "--data-dir", c.dataDir, "--listen", c.addr)
+	c.up = exec.Command(c.bin, append([]string{"up", "--data-dir", c.dataDir, "--listen", c.addr}, c.args...)...)
 	c.up.Stdout, c.up.Stderr = c.log, c.log
 	if err := c.up.Start(); err != nil {
 		c.t.Fatal(err)
