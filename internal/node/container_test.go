@@ -16,9 +16,17 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/backend/container"
+	"github.com/warrenhq/warren/internal/backend/fake"
 	"github.com/warrenhq/warren/internal/image"
 	"github.com/warrenhq/warren/internal/image/imagetest"
 	"github.com/warrenhq/warren/internal/testutil"
+)
+
+// The backends that hold host state sweep it: a signature drifting from
+// sweeper's would make Start skip them silently.
+var (
+	_ sweeper = (*container.Container)(nil)
+	_ sweeper = (*fake.Backend)(nil)
 )
 
 // containerNode is a node over the real container backend with a busybox
