@@ -419,3 +419,12 @@ const (
 	CodeNodeUnreachable    = "node_unreachable"    // 503: the node did not answer
 	CodeInternal           = "internal"            // 500
 )
+
+// CodeSandboxGone (409 Conflict) says the platform ended the sandbox under
+// the call, or before it could be answered, and why: the message names the
+// reason ("ttl expired", "idle timeout", "deleted", "node shutting down").
+// It is also the answer to an idempotency key replayed after its sandbox
+// was deleted. It is never the workload's doing: a trainer should mask the
+// rollout rather than score it. 409 like sandbox_not_running, rather than
+// 410, so that every client that knows the status classes knows it.
+const CodeSandboxGone = "sandbox_gone"

@@ -59,6 +59,7 @@ var codeStatus = map[string]int{
 	api.CodeEnvNotFound:        http.StatusNotFound,
 	api.CodeFileNotFound:       http.StatusNotFound,
 	api.CodeConflict:           http.StatusConflict,
+	api.CodeSandboxGone:        http.StatusConflict,
 	api.CodeLayerExists:        http.StatusConflict,
 	api.CodeEnvExists:          http.StatusConflict,
 	api.CodeLayerInUse:         http.StatusConflict,

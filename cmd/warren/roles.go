@@ -12,11 +12,19 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/daemon"
 	"github.com/warrenhq/warren/internal/placement"
 )
 
 const envNodeToken = "WARREN_NODE_TOKEN"
+
+// backendFake is `warren agent --backend fake`: a simulated node over the
+// fake backend, which isolates nothing. Only a binary built with
+// -tags warrenfake has it (fake.go sets simulatedBackend).
+const backendFake = "fake"
+
+var simulatedBackend func(dir string) (backend.Backend, error)
 
 // serve runs a server role until SIGINT or SIGTERM, logging to stderr.
 func serve(verbose bool, run func(ctx context.Context, log *slog.Logger) error) error {
@@ -92,6 +100,11 @@ revoked token ends the agent. The node API takes only a secret the agent draws
 at every start and registers with the node. Several agents can share a host if
 their --data-dir differ.
 
+Sandboxes outlive the agent: the next agent on the same --data-dir re-adopts
+them, ends those whose TTL ran out meanwhile, and removes what no sandbox
+record accounts for (cgroups, mounts, runc state), logging each. With
+--stop-sandboxes the agent ends all its sandboxes when it stops instead.
+
 --blobs is the blob store the apiservers use: a directory they all mount, or
 s3://bucket/prefix?endpoint=host:port (see "warren apiserver --help").`,
 		Args: noArgs,
@@ -112,6 +125,12 @@ s3://bucket/prefix?endpoint=host:port (see "warren apiserver --help").`,
 				}
 				cfg.Labels[k] = v
 			}
+			if cfg.Backend == backendFake {
+				if simulatedBackend == nil {
+					return usagef("--backend fake: this warren was built without the fake backend, which isolates nothing (tests build it with -tags warrenfake)")
+				}
+				cfg.Backend, cfg.Simulated = "", simulatedBackend
+			}
 			return serve(verbose, func(ctx context.Context, log *slog.Logger) error {
 				cfg.Log = log
 				return daemon.Agent(ctx, cfg)
@@ -131,7 +150,8 @@ s3://bucket/prefix?endpoint=host:port (see "warren apiserver --help").`,
 	f.StringArrayVar(&labels, "label", nil, "node label key=value (repeatable)")
 	f.StringVar(&cfg.Blobs, "blobs", "", "blob store shared with the apiservers: a directory or s3://bucket/prefix?endpoint=host:port (default <data-dir>/blobs)")
 	f.IntVar(&cfg.Limits.Sandboxes, "max-sandboxes", 0, "sandboxes this node admits (0: 1000)")
-	f.StringVar(&cfg.Backend, "backend", "container", "sandbox backend: container, or fake (a simulated node)")
+	f.StringVar(&cfg.Backend, "backend", "container", "sandbox backend: container")
+	f.BoolVar(&cfg.StopSandboxes, "stop-sandboxes", false, "end every sandbox of this node when the agent stops (default: they keep running and the next agent on --data-dir re-adopts them)")
 	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	return cmd
 }

@@ -266,20 +266,50 @@ func stamp(t, now time.Time) string {
 }
 
 func newSandboxRmCmd(a *app) *cobra.Command {
-	return &cobra.Command{
-		Use:     "rm SBX [SBX...]",
+	var (
+		all     bool
+		labels  []string
+		project string
+	)
+	c := &cobra.Command{
+		Use:     "rm SBX [SBX...] | rm --all [--label KEY=VALUE...]",
 		Aliases: []string{"delete", "remove"},
 		Short:   "Destroy sandboxes (deleting one already gone succeeds)",
+		Long: `Destroy sandboxes by id, or with --all every sandbox the token may see (narrowed
+by --label and --project). --all asks nothing: it prints each id it removed.`,
+		Example: `  warren sandbox rm n1-abcdefghijklmnop
+  warren sandbox rm --all                    # everything the token may see
+  warren sandbox rm --all --label task=demo  # only those labelled task=demo`,
 		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 0 {
-				return usagef("%s takes one or more sandbox ids", cmd.CommandPath())
+			switch {
+			case all && len(args) > 0:
+				return usagef("%s: give sandbox ids or --all, not both", cmd.CommandPath())
+			case !all && len(args) == 0:
+				return usagef("%s takes one or more sandbox ids, or --all", cmd.CommandPath())
+			case !all && (len(labels) > 0 || project != ""):
+				return usagef("%s: --label and --project go with --all", cmd.CommandPath())
 			}
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c := a.client()
+			ids := args
+			if all {
+				lm, err := parseKVs("label", labels, a.getenv, false)
+				if err != nil {
+					return err
+				}
+				list, err := c.ListSandboxes(cmd.Context(), client.ListOptions{Labels: lm, Project: project})
+				if err != nil {
+					return err
+				}
+				ids = ids[:0]
+				for _, sb := range list {
+					ids = append(ids, sb.ID)
+				}
+			}
 			failed := 0
-			for _, id := range args {
+			for _, id := range ids {
 				if err := c.DeleteSandbox(cmd.Context(), id); err != nil {
 					if cmd.Context().Err() != nil {
 						return cmd.Context().Err()
@@ -296,4 +326,9 @@ func newSandboxRmCmd(a *app) *cobra.Command {
 			return nil
 		},
 	}
+	f := c.Flags()
+	f.BoolVar(&all, "all", false, "remove every sandbox the token may see (with --label, --project: those that match)")
+	f.StringArrayVar(&labels, "label", nil, "with --all: only sandboxes with label KEY=VALUE (repeatable; all must match)")
+	f.StringVar(&project, "project", "", "with --all: only sandboxes in this project's subtree")
+	return c
 }

@@ -21,7 +21,10 @@ func newUpCmd() *cobra.Command {
 		Long: `Run a single-node warren: apiserver, node agent, an embedded etcd member and a
 blob store in one process, with all state under --data-dir. The admin token is
 written to <data-dir>/admin-token. Sandboxes outlive this process: a later
-"warren up" on the same data dir re-adopts them.
+"warren up" on the same data dir re-adopts them, ends those whose TTL ran out
+meanwhile and removes what no sandbox record accounts for (cgroups, mounts, runc
+state), logging each. With --stop-sandboxes, stopping warren ends every sandbox
+instead; "warren sandbox rm --all" ends them while it runs.
 
 The blob store is <data-dir>/blobs unless --blobs names another directory, or an
 S3 bucket: s3://bucket/prefix?endpoint=host:port (https; http://host:port for
@@ -44,6 +47,7 @@ AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.`,
 	f.StringVar(&cfg.Listen, "listen", daemon.DefaultListen, "API listen address")
 	f.StringVar(&cfg.Blobs, "blobs", "", "blob store: a directory or s3://bucket/prefix?endpoint=host:port (default <data-dir>/blobs)")
 	f.IntVar(&cfg.Limits.Sandboxes, "max-sandboxes", 0, "sandboxes this node admits (0: 1000)")
+	f.BoolVar(&cfg.StopSandboxes, "stop-sandboxes", false, "end every sandbox when warren stops (default: they keep running and the next \"warren up\" on --data-dir re-adopts them)")
 	f.StringVar(&cfg.ImageCache, "image-cache", "", "built runtime images to publish at startup (default $WARREN_IMAGE_CACHE or "+daemon.DefaultImageCache+")")
 	fnFlags(f, &cfg.Fn)
 	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")

@@ -15,7 +15,6 @@ import (
 	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/backend/container"
-	"github.com/warrenhq/warren/internal/backend/fake"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/fleet"
 	"github.com/warrenhq/warren/internal/fncall"
@@ -60,9 +59,21 @@ type AgentConfig struct {
 	// Default <DataDir>/blobs.
 	Blobs  string
 	Limits node.Limits
-	// Backend is "container" (default), or "fake" to run a simulated node
-	// (tests and control-plane benchmarks).
+	// Backend is "container", the default and the only backend a
+	// production build has.
 	Backend string
+	// Simulated, if set, makes the node's backend instead of the
+	// container backend (its argument is a directory for its state): a
+	// program that simulates nodes (tests, bench/controlplane) passes
+	// the fake backend here, standing in as "container", and the node
+	// then runs no FnCall. The warren binary sets it only when built with
+	// -tags warrenfake (`warren agent --backend fake`): the fake isolates
+	// nothing, so a production build does not contain it.
+	Simulated func(dir string) (backend.Backend, error)
+	// StopSandboxes ends every sandbox of the node when the agent stops;
+	// by default they keep running, for the next agent on the data dir
+	// to re-adopt.
+	StopSandboxes bool
 	// Fn configures FnCall on this node.
 	Fn FnConfig
 	// RegistrationTTL is how long the registration outlives the agent
@@ -74,9 +85,9 @@ type AgentConfig struct {
 	Ready func(addr string)
 }
 
-// Agent runs a node agent until ctx ends. Sandboxes outlive it: a later
-// Agent on the same data dir re-adopts them; a restart within the
-// registration TTL is not even noticed as a lost node.
+// Agent runs a node agent until ctx ends. Sandboxes outlive it (unless
+// StopSandboxes): a later Agent on the same data dir re-adopts them; a
+// restart within the registration TTL is not even noticed as a lost node.
 func Agent(ctx context.Context, cfg AgentConfig) error {
 	log := cfg.Log
 	if log == nil {
@@ -109,18 +120,19 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	cache := image.NewCache(filepath.Join(nodeDir, "cache"), blobs)
 	mounts := image.NewMounts(filepath.Join(nodeDir, "layers"))
 	var b backend.Backend
-	switch cfg.Backend {
-	case "", api.BackendContainer:
+	switch {
+	case cfg.Backend != "" && cfg.Backend != api.BackendContainer:
+		err = errdefs.Invalid("agent: backend %q: want container", cfg.Backend)
+	case cfg.Simulated != nil:
+		b, err = cfg.Simulated(filepath.Join(nodeDir, "fake"))
+		log.Warn("this node is simulated: its sandboxes are not isolated", "node", nodeID)
+	default:
 		b, err = container.New(container.Config{
 			StateDir:     filepath.Join(nodeDir, "container"),
 			RuncRoot:     filepath.Join(nodeDir, "runc"),
 			CgroupParent: "/warren/" + nodeID,
 			Mounts:       mounts,
 		})
-	case "fake":
-		b, err = fake.New(filepath.Join(nodeDir, "fake"), fake.Options{Name: api.BackendContainer})
-	default:
-		err = errdefs.Invalid("agent: backend %q: want container or fake", cfg.Backend)
 	}
 	if err != nil {
 		return err
@@ -159,7 +171,7 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 		envs = apiImages{client.New(cfg.APIServers[0], cfg.Token)}
 	}
 	var fn *fncall.Service
-	if cfg.Backend != "fake" { // a simulated node runs no real containers
+	if cfg.Simulated == nil { // a simulated node runs no real containers
 		if fn, err = startFn(cfg.Fn, nodeID, nodeDir, envs, cache, mounts, log); err != nil {
 			return err
 		}
@@ -236,10 +248,31 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr().String())
 	}
+	awaitStop(sctx, httpSrv, agent, cfg.StopSandboxes, log)
 	if err := httpSrv.wait(sctx); err != nil {
 		return err
 	}
 	return regErr()
+}
+
+// awaitStop waits until ctx ends or srv fails. Then, if stop is set, it
+// ends every sandbox of a while srv still answers, so that calls in
+// flight hear sandbox_gone ("node shutting down"); the caller shuts srv
+// down after.
+func awaitStop(ctx context.Context, srv *httpServer, a *node.Agent, stop bool, log *slog.Logger) {
+	select {
+	case <-ctx.Done():
+	case err := <-srv.errc:
+		srv.errc <- err // for srv.wait
+	}
+	if !stop {
+		return
+	}
+	ids, err := a.StopSandboxes(context.Background())
+	if err != nil {
+		log.Error("stopping: some sandboxes could not be ended", "err", err)
+	}
+	log.Info("stopping: ended the node's sandboxes (--stop-sandboxes)", "count", len(ids))
 }
 
 // tokenLeaser is the registration store of an agent that reaches etcd

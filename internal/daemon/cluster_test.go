@@ -129,9 +129,18 @@ type testAgent struct {
 // returns the error Agent returned first.
 func (c *testCluster) startAgent(name, token string, viaEtcd bool) (*testAgent, error) {
 	c.t.Helper()
+	return c.startAgentWith(name, token, viaEtcd, nil)
+}
+
+// startAgentWith is startAgent with mod applied to the agent's config.
+func (c *testCluster) startAgentWith(name, token string, viaEtcd bool, mod func(*AgentConfig)) (*testAgent, error) {
+	c.t.Helper()
 	cfg := AgentConfig{
 		DataDir: filepath.Join(c.dir, name), Listen: "127.0.0.1:0", Token: token,
-		Blobs: c.blobs, Backend: "fake", RegistrationTTL: 3 * time.Second, Log: c.log,
+		Blobs: c.blobs, Simulated: simulated, RegistrationTTL: 3 * time.Second, Log: c.log,
+	}
+	if mod != nil {
+		mod(&cfg)
 	}
 	if viaEtcd {
 		cfg.Etcd = []string{c.etcd}
@@ -444,7 +453,7 @@ func TestOpenBlobsErrors(t *testing.T) {
 		}
 	}
 	// A role with a bad --blobs fails at once, saying why.
-	err := Agent(ctx, AgentConfig{DataDir: t.TempDir(), Etcd: []string{"http://127.0.0.1:1"}, Token: "x", Blobs: "gs://b", Backend: "fake"})
+	err := Agent(ctx, AgentConfig{DataDir: t.TempDir(), Etcd: []string{"http://127.0.0.1:1"}, Token: "x", Blobs: "gs://b", Simulated: simulated})
 	if !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("agent with --blobs gs://b: %v, want ErrInvalid", err)
 	}

@@ -45,6 +45,9 @@ type UpConfig struct {
 	ImageCache string
 	// Ready, if set, is called once the API serves, with its address.
 	Ready func(addr string)
+	// StopSandboxes ends every sandbox when Up stops; by default they
+	// keep running, for the next Up on the data dir to re-adopt.
+	StopSandboxes bool
 }
 
 // DefaultDataDir and DefaultListen are where `warren up` keeps its state
@@ -57,8 +60,8 @@ const (
 // AdminTokenFile is the admin token's file name under the data dir.
 const AdminTokenFile = "admin-token"
 
-// Up runs everything until ctx ends. Sandboxes outlive it: a later Up on
-// the same data dir re-adopts them.
+// Up runs everything until ctx ends. Sandboxes outlive it, unless
+// StopSandboxes: a later Up on the same data dir re-adopts them.
 func Up(ctx context.Context, cfg UpConfig) error {
 	log := cfg.Log
 	if log == nil {
@@ -154,6 +157,7 @@ func Up(ctx context.Context, cfg UpConfig) error {
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr().String())
 	}
+	awaitStop(ctx, httpSrv, agent, cfg.StopSandboxes, log) // agent.go
 	return httpSrv.wait(ctx)
 }
 

@@ -124,7 +124,7 @@ func kindOfCode(code string) error {
 		return errdefs.ErrForbidden
 	case api.CodeNotFound, api.CodeSandboxNotFound, api.CodeFileNotFound, api.CodeImageNotFound, api.CodeLayerNotFound:
 		return errdefs.ErrNotFound
-	case api.CodeConflict:
+	case api.CodeConflict, api.CodeSandboxGone:
 		return errdefs.ErrConflict
 	case api.CodeExhausted, api.CodeNodeFull:
 		return errdefs.ErrExhausted

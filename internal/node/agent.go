@@ -89,8 +89,11 @@ type Agent struct {
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
 	inflight  int
+	// shuttingDown: StopSandboxes is on, and admits no more creates.
+	shuttingDown bool
 	reserved  usage     // resources of live sandboxes and creates in flight
 	changes   changeLog // what Changes tells (changes.go); its tombstones under mu
+	graves    graves    // why recently ended sandboxes ended (reaper.go)
 
 	stop chan struct{}
 	// closing is canceled by Close: what runs for the agent's lifetime
@@ -208,11 +211,19 @@ func hostMemory() int64 {
 // ID returns the node's id.
 func (a *Agent) ID() string { return a.cfg.ID }
 
-// Start re-adopts the sandboxes an earlier agent process left running and
-// starts the reaper. Sandboxes whose backend lost them are marked lost.
+// Start re-adopts the sandboxes an earlier agent process left running,
+// removes what the backends hold for sandboxes that have no record
+// (sweep.go), ends the sandboxes whose TTL ran out while the agent was
+// down, and starts the reaper: by the time it returns, the node holds
+// nothing it should not. Sandboxes whose backend lost them are marked
+// lost.
 func (a *Agent) Start(ctx context.Context) error {
 	if err := a.recover(ctx); err != nil {
 		return err
+	}
+	a.sweep(ctx)
+	if n := a.reap(time.Now()); n > 0 {
+		a.log.Info("ended sandboxes whose ttl expired while the agent was down", "count", n)
 	}
 	a.wg.Add(1)
 	go a.reapLoop()
@@ -220,7 +231,7 @@ func (a *Agent) Start(ctx context.Context) error {
 }
 
 // Close stops the reaper and the watchers. Sandboxes keep running: a new
-// agent re-adopts them.
+// agent re-adopts them (StopSandboxes first ends them instead).
 func (a *Agent) Close() error {
 	select {
 	case <-a.stop:
@@ -298,8 +309,13 @@ func (a *Agent) lookup(id string) (*sandbox, error) {
 	}
 	a.mu.Lock()
 	s := a.sandboxes[id]
+	g, ok := a.graves.get(id)
 	a.mu.Unlock()
 	if s == nil {
+		if ok {
+			return nil, errdefs.New(errdefs.ErrNotFound, api.CodeSandboxNotFound,
+				"sandbox %s not found: it was ended at %s (%s)", id, g.at.Format(time.RFC3339), g.reason)
+		}
 		return nil, errSandboxNotFound(id)
 	}
 	return s, nil

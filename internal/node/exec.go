@@ -26,9 +26,14 @@ func (a *Agent) running(id string) (*sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	v := s.snapshot()
-	if v.State != api.StateRunning {
-		return nil, errdefs.New(errdefs.ErrConflict, "sandbox_not_running", "sandbox %s is %s, not running", id, v.State)
+	s.mu.Lock()
+	state, deleting, reason := s.view.State, s.deleting, s.endReason
+	s.mu.Unlock()
+	if deleting {
+		return nil, errGone(id, reason, false)
+	}
+	if state != api.StateRunning {
+		return nil, errdefs.New(errdefs.ErrConflict, "sandbox_not_running", "sandbox %s is %s, not running", id, state)
 	}
 	return s, nil
 }
@@ -73,10 +78,12 @@ func (a *Agent) Exec(ctx context.Context, id string, req api.ExecRequest, stdout
 	outW, errW := guard.NewLimitWriter(stdout, limit), guard.NewLimitWriter(stderr, limit)
 	breq.Stdout, breq.Stderr = outW, errW
 
-	s.touch()
-	res, err := ex.Exec(ctx, id, breq)
-	s.touch()
+	ends, err := s.begin()
 	if err != nil {
+		return api.ExecResult{}, err
+	}
+	res, err := ex.Exec(ctx, id, breq)
+	if err := s.done(ends, err); err != nil {
 		return api.ExecResult{}, err
 	}
 	out := api.ExecResult{
@@ -155,8 +162,9 @@ func (a *Agent) execRequest(req api.ExecRequest) (backend.ExecRequest, error) {
 	}, nil
 }
 
-// files returns a running sandbox's file access after checking path.
-func (a *Agent) files(id, p string) (*sandbox, backend.Files, error) {
+// files returns a running sandbox's file access after checking path, with
+// the call begun (reaper.go): done must end it, and gives the answer.
+func (a *Agent) files(id, p string) (backend.Files, func(error) error, error) {
 	if p == "" || !path.IsAbs(p) {
 		return nil, nil, errdefs.Invalid("path %q: must be absolute", p)
 	}
@@ -171,60 +179,63 @@ func (a *Agent) files(id, p string) (*sandbox, backend.Files, error) {
 	if !ok {
 		return nil, nil, errdefs.Invalid("backend %s does not support file transfer", s.backend.Name())
 	}
-	s.touch()
-	return s, f, nil
+	ends, err := s.begin()
+	if err != nil {
+		return nil, nil, err
+	}
+	return f, func(err error) error { return s.done(ends, fileErr(p, err)) }, nil
 }
 
 // Stat describes a path inside a sandbox.
 func (a *Agent) Stat(ctx context.Context, id, p string) (api.FileInfo, error) {
-	_, f, err := a.files(id, p)
+	f, done, err := a.files(id, p)
 	if err != nil {
 		return api.FileInfo{}, err
 	}
 	fi, err := f.Stat(ctx, id, p)
-	if err != nil {
-		return api.FileInfo{}, fileErr(p, err)
+	if err := done(err); err != nil {
+		return api.FileInfo{}, err
 	}
 	return api.FileInfo{Path: path.Clean(p), Size: fi.Size, Mode: fi.Mode, IsDir: fi.IsDir}, nil
 }
 
 // WriteFile writes one regular file into a sandbox.
 func (a *Agent) WriteFile(ctx context.Context, id, p string, mode uint32, r io.Reader) error {
-	_, f, err := a.files(id, p)
-	if err != nil {
-		return err
-	}
 	if mode&^0o7777 != 0 {
 		return errdefs.Invalid("mode %o: only permission bits", mode)
 	}
-	return fileErr(p, f.WriteFile(ctx, id, p, mode, r))
+	f, done, err := a.files(id, p)
+	if err != nil {
+		return err
+	}
+	return done(f.WriteFile(ctx, id, p, mode, r))
 }
 
 // ReadFile streams one regular file out of a sandbox.
 func (a *Agent) ReadFile(ctx context.Context, id, p string, w io.Writer) error {
-	_, f, err := a.files(id, p)
+	f, done, err := a.files(id, p)
 	if err != nil {
 		return err
 	}
-	return fileErr(p, f.ReadFile(ctx, id, p, w))
+	return done(f.ReadFile(ctx, id, p, w))
 }
 
 // WriteTar extracts a tar stream under dir inside a sandbox.
 func (a *Agent) WriteTar(ctx context.Context, id, dir string, r io.Reader) error {
-	_, f, err := a.files(id, dir)
+	f, done, err := a.files(id, dir)
 	if err != nil {
 		return err
 	}
-	return fileErr(dir, f.WriteTar(ctx, id, dir, r))
+	return done(f.WriteTar(ctx, id, dir, r))
 }
 
 // ReadTar streams a file or directory tree out of a sandbox as a tar.
 func (a *Agent) ReadTar(ctx context.Context, id, p string, w io.Writer) error {
-	_, f, err := a.files(id, p)
+	f, done, err := a.files(id, p)
 	if err != nil {
 		return err
 	}
-	return fileErr(p, f.ReadTar(ctx, id, p, w))
+	return done(f.ReadTar(ctx, id, p, w))
 }
 
 // fileErr gives a missing path the file_not_found code.

@@ -30,6 +30,15 @@ type sandbox struct {
 	rev      uint64      // of the view's last change (changes.go)
 	deleting bool
 	cancel   context.CancelFunc // stops the watcher
+	// calls counts the calls in flight (execs, file transfers): the idle
+	// reaper leaves a sandbox with any alone (reaper.go).
+	calls int
+	// ends counts the times the platform set out to end the sandbox, and
+	// endReason says why the last time: a call that saw ends change
+	// while it ran answers sandbox_gone with the reason, not whatever the
+	// destroyed sandbox made of it (an exit 137).
+	ends      uint64
+	endReason string
 }
 
 func (s *sandbox) snapshot() api.Sandbox {
@@ -40,13 +49,6 @@ func (s *sandbox) snapshot() api.Sandbox {
 	v.Env = maps.Clone(v.Env)
 	v.Layers = slices.Clone(v.Layers)
 	return v
-}
-
-func (s *sandbox) touch() {
-	s.mu.Lock()
-	s.view.LastUsedAt = time.Now().UTC()
-	s.changed()
-	s.mu.Unlock()
 }
 
 func (s *sandbox) setState(state, reason string) {
@@ -126,6 +128,9 @@ func (a *Agent) admit(r api.Resources) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	l := a.cfg.Limits
+	if a.shuttingDown {
+		return errdefs.Unavailable("node %s is shutting down and ending its sandboxes", a.cfg.ID)
+	}
 	var why string
 	switch {
 	case a.inflight >= l.CreatesInFlight:
@@ -402,7 +407,8 @@ func (a *Agent) List(ctx context.Context, f Filter) ([]api.Sandbox, error) {
 }
 
 // Delete destroys a sandbox and everything it holds. Deleting an unknown
-// or already deleted sandbox succeeds: callers may retry freely.
+// or already deleted sandbox succeeds: callers may retry freely. Calls in
+// flight on it answer sandbox_gone ("deleted").
 func (a *Agent) Delete(ctx context.Context, id string) error {
 	s, err := a.lookup(id)
 	if errors.Is(err, errdefs.ErrNotFound) {
@@ -411,38 +417,6 @@ func (a *Agent) Delete(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	s.mu.Lock()
-	if s.deleting {
-		s.mu.Unlock()
-		return nil // another Delete is on it
-	}
-	s.deleting = true
-	s.view.State = api.StateStopping
-	s.changed()
-	cancel := s.cancel
-	s.mu.Unlock()
-	if cancel != nil {
-		cancel()
-	}
-	// Destroy outlives the caller: a half-destroyed sandbox helps nobody.
-	dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
-	defer dcancel()
-	if err := s.backend.Destroy(dctx, id); err != nil {
-		s.mu.Lock()
-		s.deleting = false
-		s.view.State, s.view.Reason = api.StateFailed, "delete failed: "+err.Error()
-		s.changed()
-		s.mu.Unlock()
-		return fmt.Errorf("destroy %s: %w", id, err)
-	}
-	a.removeRecord(id)
-	a.mu.Lock()
-	if a.sandboxes[id] == s {
-		delete(a.sandboxes, id)
-		a.changes.buried(id)
-		a.reserved.add(s.view.Resources, -1)
-	}
-	a.mu.Unlock()
-	a.log.Info("sandbox deleted", "sandbox", id)
-	return nil
+	_, err = a.end(ctx, s, func(*sandbox) string { return endDeleted })
+	return err
 }

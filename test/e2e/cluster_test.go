@@ -324,7 +324,7 @@ type clusterOpts struct {
 func runCluster(t *testing.T, o clusterOpts) {
 	testutil.RequireBinary(t, "go")
 	dir := t.TempDir()
-	m := &multi{t: t, bin: warrenBin(t), dir: dir, blobs: filepath.Join(dir, "blobs"), backend: o.backend}
+	m := &multi{t: t, bin: warrenBin(t, "warrenfake"), dir: dir, blobs: filepath.Join(dir, "blobs"), backend: o.backend}
 	m.etcd = startEtcdCluster(t, filepath.Join(dir, "etcd"), 3)
 	if o.netns {
 		for i := range 3 {
