@@ -45,15 +45,11 @@ func (a *Agent) running(id string) (*sandbox, error) {
 // command could not be run; a failing command is a result with its exit
 // code.
 func (a *Agent) Exec(ctx context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (api.ExecResult, error) {
-	s, err := a.running(id)
+	breq, err := a.execRequest(req)
 	if err != nil {
 		return api.ExecResult{}, err
 	}
-	ex, ok := s.backend.(backend.Execer)
-	if !ok {
-		return api.ExecResult{}, errdefs.Invalid("backend %s does not support exec", s.backend.Name())
-	}
-	breq, err := a.execRequest(req)
+	ex, s, done, err := call[backend.Execer](a, id, "exec")
 	if err != nil {
 		return api.ExecResult{}, err
 	}
@@ -78,12 +74,8 @@ func (a *Agent) Exec(ctx context.Context, id string, req api.ExecRequest, stdout
 	outW, errW := guard.NewLimitWriter(stdout, limit), guard.NewLimitWriter(stderr, limit)
 	breq.Stdout, breq.Stderr = outW, errW
 
-	ends, err := s.begin()
-	if err != nil {
-		return api.ExecResult{}, err
-	}
 	res, err := ex.Exec(ctx, id, breq)
-	if err := s.done(ends, err); err != nil {
+	if err := done(err); err != nil {
 		return api.ExecResult{}, err
 	}
 	out := api.ExecResult{
@@ -171,19 +163,11 @@ func (a *Agent) files(id, p string) (backend.Files, func(error) error, error) {
 	if strings.ContainsRune(p, 0) {
 		return nil, nil, errdefs.Invalid("path contains a NUL byte")
 	}
-	s, err := a.running(id)
+	f, _, done, err := call[backend.Files](a, id, "file transfer")
 	if err != nil {
 		return nil, nil, err
 	}
-	f, ok := s.backend.(backend.Files)
-	if !ok {
-		return nil, nil, errdefs.Invalid("backend %s does not support file transfer", s.backend.Name())
-	}
-	ends, err := s.begin()
-	if err != nil {
-		return nil, nil, err
-	}
-	return f, func(err error) error { return s.done(ends, fileErr(p, err)) }, nil
+	return f, func(err error) error { return done(fileErr(p, err)) }, nil
 }
 
 // Stat describes a path inside a sandbox.
