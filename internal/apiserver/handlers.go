@@ -12,6 +12,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/guard"
 	"github.com/warrenhq/warren/internal/httperr"
 	"github.com/warrenhq/warren/internal/node"
 )
@@ -110,11 +111,11 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 	}
 	s.metrics.execs.Inc()
 	if !wantsStream(r, req) {
-		res, err := n.Exec(r.Context(), id, req, nil, nil)
-		if err != nil {
-			return err
-		}
-		return writeJSON(w, http.StatusOK, res)
+		// Output is spooled (to the in-process node's data dir on
+		// warren up), never held whole: see guard.ServeExec.
+		return guard.ServeExec(w, spoolDir(n), func(stdout, stderr io.Writer) (api.ExecResult, error) {
+			return n.Exec(r.Context(), id, req, stdout, stderr)
+		})
 	}
 	st := newEventStream(w)
 	res, err := n.Exec(r.Context(), id, req, st.writer("stdout"), st.writer("stderr"))
@@ -127,6 +128,15 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 	}
 	st.start()
 	return st.send(api.ExecEvent{Result: &res})
+}
+
+// spoolDir is where buffered exec output past its in-memory threshold
+// goes: the in-process node's data dir, else the temporary directory.
+func spoolDir(n any) string {
+	if d, ok := n.(interface{ SpoolDir() string }); ok {
+		return d.SpoolDir()
+	}
+	return ""
 }
 
 // eventStream writes NDJSON exec events, one per line, flushed as they come.
