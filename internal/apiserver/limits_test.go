@@ -79,7 +79,9 @@ func TestOversizedInputs(t *testing.T) {
 		{"create: label key", "/v1/sandboxes", create(func(r *api.CreateSandboxRequest) { r.Labels = map[string]string{big(api.MaxLabelKey + 1): "v"} }), tooLarge},
 		{"create: bad label key", "/v1/sandboxes", create(func(r *api.CreateSandboxRequest) { r.Labels = map[string]string{"-x": "v"} }), invalid},
 		{"create: node_selector count", "/v1/sandboxes", create(func(r *api.CreateSandboxRequest) { r.NodeSelector = manyKV(api.MaxNodeSelector+1, "v") }), tooLarge},
-		{"create: node_selector value", "/v1/sandboxes", create(func(r *api.CreateSandboxRequest) { r.NodeSelector = map[string]string{"rack": big(api.MaxLabelValue + 1)} }), tooLarge},
+		{"create: node_selector value", "/v1/sandboxes", create(func(r *api.CreateSandboxRequest) {
+			r.NodeSelector = map[string]string{"rack": big(api.MaxLabelValue + 1)}
+		}), tooLarge},
 		{"create: image ref", "/v1/sandboxes", create(func(r *api.CreateSandboxRequest) { r.Image = big(api.MaxRefLen + 1) }), tooLarge},
 		{"create: layer count", "/v1/sandboxes", create(func(r *api.CreateSandboxRequest) { r.Image, r.Layers = "", manyStrings(api.MaxLayers+1, "base") }), tooLarge},
 		{"create: layer ref", "/v1/sandboxes", create(func(r *api.CreateSandboxRequest) { r.Image, r.Layers = "", []string{big(api.MaxRefLen + 1)} }), tooLarge},
