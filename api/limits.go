@@ -74,7 +74,7 @@ const (
 	MaxRefLen = 256
 	MaxLayers = 64
 	// MaxIdempotencyKey bounds an idempotency key (body or header).
-	MaxIdempotencyKey = 256
+	MaxIdempotencyKey = 255
 
 	// MaxFnBatch bounds the calls of one FnCall batch.
 	MaxFnBatch = 1024
