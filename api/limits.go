@@ -218,6 +218,11 @@ func CheckCreate(req *CreateSandboxRequest) error {
 	if err := CheckLabels("node_selector", req.NodeSelector, MaxNodeSelector); err != nil {
 		return err
 	}
+	switch req.Pool {
+	case "", PoolOnPrem, PoolCloud:
+	default:
+		return fmt.Errorf("pool %q: want %s or %s", req.Pool, PoolOnPrem, PoolCloud)
+	}
 	if d := req.TTL.D(); d != 0 && (d < MinTTL || d > MaxTTL) {
 		return fmt.Errorf("ttl %v: want %v..%v", d, MinTTL, MaxTTL)
 	}
@@ -225,6 +230,40 @@ func CheckCreate(req *CreateSandboxRequest) error {
 		return fmt.Errorf("idle_timeout %v: want %v..%v", d, MinTTL, MaxTTL)
 	}
 	return nil
+}
+
+// CheckEnvironment checks a CreateEnvironmentRequest's sizes: refs,
+// toolkits, env (merged under every sandbox's own), workdir, user and
+// entrypoint.
+func CheckEnvironment(req *CreateEnvironmentRequest) error {
+	for _, f := range []struct {
+		name, v string
+		max     int
+	}{
+		{"name", req.Name, MaxRefLen},
+		{"version", req.Version, MaxRefLen},
+		{"from", req.From, MaxRefLen},
+		{"base", req.Base, MaxRefLen},
+		{"workspace", req.Workspace, MaxRefLen},
+		{"workdir", req.Workdir, MaxPathLen},
+		{"user", req.User, MaxUserLen},
+	} {
+		if err := checkLen(f.name, f.v, f.max); err != nil {
+			return err
+		}
+	}
+	if len(req.Toolkits) > MaxLayers {
+		return tooMany("toolkits", len(req.Toolkits), MaxLayers)
+	}
+	for i, t := range req.Toolkits {
+		if err := checkLen(fmt.Sprintf("toolkits[%d]", i), t, MaxRefLen); err != nil {
+			return err
+		}
+	}
+	if err := CheckEnv("env", req.Env); err != nil {
+		return err
+	}
+	return CheckArgs("entrypoint", req.Entrypoint)
 }
 
 // CheckBatch checks a batch create: its count and its template.

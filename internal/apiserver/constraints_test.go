@@ -49,7 +49,6 @@ func TestPlacementConstraints(t *testing.T) {
 			[]string{"no node matches node_selector rack=r9", "3 nodes", "1 lack label rack", "1 has rack=r1", "1 has rack=r2"}},
 		{`{"image":"busybox","node_selector":{"zone":"z"},"pool":"cloud"}`,
 			[]string{"no node in pool cloud matches node_selector zone=z", "1 lack label zone"}},
-		{`{"image":"busybox","pool":"edge"}`, []string{"no node matches pool edge"}},
 	} {
 		resp, b := f.json("POST", "/v1/sandboxes", tt.body)
 		var e api.ErrorBody
