@@ -322,8 +322,9 @@ func WriteExecResult(w io.Writer, res api.ExecResult, stdout, stderr *Spool) err
 // and one for stderr (files in dir past SpoolMemory each), then writes the
 // api.ExecResult JSON to w streamed from them. An error before the answer
 // starts (the exec's, or a spool's) is returned for the caller to render;
-// one while writing can only cut the answer short, and is returned too
-// (the client sees a truncated body).
+// one while writing can only cut the answer short: the handler is aborted
+// (http.ErrAbortHandler), so the client sees a truncated body, never a
+// complete-looking one.
 func ServeExec(w http.ResponseWriter, dir string, exec func(stdout, stderr io.Writer) (api.ExecResult, error)) error {
 	stdout, stderr := NewSpool(dir, SpoolMemory), NewSpool(dir, SpoolMemory)
 	defer stdout.Close()

@@ -144,6 +144,13 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	if err := os.MkdirAll(cfg.SpoolDir, 0o700); err != nil {
 		return nil, fmt.Errorf("node spool dir: %w", err)
 	}
+	// Spool files are unlinked as soon as they are made; one left by a
+	// crash in between is swept here.
+	if old, _ := filepath.Glob(filepath.Join(cfg.SpoolDir, "exec-*.out")); len(old) > 0 {
+		for _, f := range old {
+			os.Remove(f)
+		}
+	}
 	a := &Agent{
 		cfg:       cfg,
 		backends:  map[string]backend.Backend{},
