@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"sync"
 	"unicode/utf8"
 
@@ -77,7 +78,7 @@ func (s *Spool) Write(p []byte) (int, error) {
 
 // spill moves what is in memory to a new unlinked file.
 func (s *Spool) spill() error {
-	f, err := os.CreateTemp(s.dir, "exec-*.out")
+	f, err := os.CreateTemp(s.dir, spoolPattern)
 	if err != nil {
 		return fmt.Errorf("spool exec output: %w", err)
 	}
@@ -88,6 +89,19 @@ func (s *Spool) spill() error {
 	}
 	s.f, s.buf = f, bytes.Buffer{}
 	return nil
+}
+
+// spoolPattern names spool files (os.CreateTemp).
+const spoolPattern = "exec-*.out"
+
+// SweepSpool removes spool files from dir: a Spool unlinks its file as
+// soon as it makes it, so any found at a start were left by a crash in
+// between. Call it only on a dir no running process spools to.
+func SweepSpool(dir string) {
+	old, _ := filepath.Glob(filepath.Join(dir, spoolPattern))
+	for _, f := range old {
+		os.Remove(f)
+	}
 }
 
 // Len is the number of bytes kept.

@@ -27,6 +27,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/guard"
 )
 
 // Images resolves an image name to its layers; *image.Registry does.
@@ -144,13 +145,7 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	if err := os.MkdirAll(cfg.SpoolDir, 0o700); err != nil {
 		return nil, fmt.Errorf("node spool dir: %w", err)
 	}
-	// Spool files are unlinked as soon as they are made; one left by a
-	// crash in between is swept here.
-	if old, _ := filepath.Glob(filepath.Join(cfg.SpoolDir, "exec-*.out")); len(old) > 0 {
-		for _, f := range old {
-			os.Remove(f)
-		}
-	}
+	guard.SweepSpool(cfg.SpoolDir)
 	a := &Agent{
 		cfg:       cfg,
 		backends:  map[string]backend.Backend{},
