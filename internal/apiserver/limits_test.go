@@ -213,7 +213,8 @@ func (t *tail) Write(p []byte) (int, error) {
 
 // TestExecOutputMemoryFlat runs execs writing ~400 MB to stdout (and
 // 200 MB to stderr) with the maximum max_output, buffered and streamed,
-// through the apiserver and the in-process node of warren up, and checks
+// through the apiserver and the in-process node of warren up, and through
+// an apiserver forwarding to a node over HTTP, and checks
 // that the process's Go heap never grows by more than 64 MiB: output is
 // spooled to disk and streamed back, never held.
 func TestExecOutputMemoryFlat(t *testing.T) {
@@ -221,12 +222,23 @@ func TestExecOutputMemoryFlat(t *testing.T) {
 		t.Skip("moves 1.2 GB through an exec")
 	}
 	spool := t.TempDir()
-	h := newHarness(t, func(c *node.Config) { c.SpoolDir = spool })
-	sb := h.create(`{"image":"busybox"}`)
+	single := newHarness(t, func(c *node.Config) { c.SpoolDir = spool })
+	fleet := newFleetWith(t, fleetOptions{node: func(_ string, c *node.Config) { c.SpoolDir = spool }}, "m1")
 	const limit = 64 << 20
 	script := `yes 'output line, "quoted" <tag> & tab	here' | head -c 400000000; yes e | head -c 200000000 >&2`
-	for _, stream := range []bool{false, true} {
-		t.Run(fmt.Sprintf("stream=%v", stream), func(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		h      *harness
+		stream bool
+	}{
+		{"single node, buffered", single, false},
+		{"single node, streamed", single, true},
+		{"fleet, buffered", fleet.harness, false},
+		{"fleet, streamed", fleet.harness, true},
+	} {
+		h, stream := tc.h, tc.stream
+		sb := h.create(`{"image":"busybox"}`)
+		t.Run(tc.name, func(t *testing.T) {
 			runtime.GC()
 			base := heapBytes()
 			stop := make(chan struct{})
