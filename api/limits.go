@@ -3,6 +3,7 @@ package api
 import (
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
 )
 
@@ -314,10 +315,17 @@ func CheckExec(req *ExecRequest) error {
 // decodedLen is the length s decodes to under encoding (an upper bound
 // for base64), so sizes are checked before anything is decoded.
 func decodedLen(s, encoding string) int {
-	if encoding == EncodingBase64 {
-		return len(s) / 4 * 3
+	if encoding != EncodingBase64 {
+		return len(s)
 	}
-	return len(s)
+	n := len(s) / 4 * 3
+	switch {
+	case strings.HasSuffix(s, "=="):
+		n -= 2
+	case strings.HasSuffix(s, "="):
+		n--
+	}
+	return n
 }
 
 func checkStdin(field, s, encoding string, max int) error {
