@@ -65,3 +65,32 @@ func TestSpoolJSON(t *testing.T) {
 		})
 	}
 }
+
+// FuzzSpoolJSON: whatever a sandbox writes, in whatever pieces, the
+// streamed answer is byte for byte what json.Marshal gives.
+func FuzzSpoolJSON(f *testing.F) {
+	f.Add([]byte("hello\n"), uint8(3), int64(4))
+	f.Add([]byte("\xe6\x97\xa5\xe6\x9c\xac \u2028<&>\"\\\x00"), uint8(1), int64(2))
+	f.Add([]byte("\xff\xfe\xfd"), uint8(2), int64(0))
+	f.Fuzz(func(t *testing.T, data []byte, piece uint8, mem int64) {
+		s := NewSpool(t.TempDir(), mem%64)
+		defer s.Close()
+		step := int(piece%16) + 1
+		for rest := data; len(rest) > 0; {
+			n := min(len(rest), step)
+			s.Write(rest[:n])
+			rest = rest[n:]
+		}
+		empty := NewSpool("", 0)
+		var got bytes.Buffer
+		if err := WriteExecResult(&got, api.ExecResult{}, s, empty); err != nil {
+			t.Fatal(err)
+		}
+		want := api.ExecResult{}
+		want.Stdout, want.StdoutEncoding = api.EncodeBytes(data)
+		wb, _ := json.Marshal(want)
+		if !bytes.Equal(got.Bytes(), append(wb, '\n')) {
+			t.Fatalf("got %q\nwant %q", got.Bytes(), wb)
+		}
+	})
+}
