@@ -49,6 +49,13 @@ type CreateSandboxRequest struct {
 	Labels      map[string]string `json:"labels,omitempty"`
 	TTL         Duration          `json:"ttl,omitempty"`          // lifetime; 0 = server default
 	IdleTimeout Duration          `json:"idle_timeout,omitempty"` // 0 = none
+	// NodeSelector restricts placement to nodes carrying every one of
+	// these labels with exactly that value (warren agent --label).
+	NodeSelector map[string]string `json:"node_selector,omitempty"`
+	// Pool restricts placement to one node pool (PoolOnPrem or
+	// PoolCloud), with no spill to the other. Empty: the home pool, and
+	// the burst pool for burstable work when the home pool is full.
+	Pool string `json:"pool,omitempty"`
 	// Project the sandbox belongs to and is counted against ("a/b"); empty
 	// means the calling token's own project. A token creates only within
 	// its project's subtree.
@@ -142,7 +149,8 @@ type ExecRequest struct {
 	// StdinEncoding is "" for UTF-8 text or "base64" for arbitrary bytes.
 	StdinEncoding string   `json:"stdin_encoding,omitempty"`
 	Timeout       Duration `json:"timeout,omitempty"` // 0 = server default
-	// MaxOutput caps stdout and stderr each; 0 = server default (1 MiB).
+	// MaxOutput caps stdout and stderr each; 0 = server default (1 MiB),
+	// at most MaxExecOutput.
 	MaxOutput Quantity `json:"max_output,omitempty"`
 	// Stream asks for an NDJSON stream of ExecEvent instead of one
 	// ExecResult. "Accept: application/x-ndjson" does the same.
@@ -395,7 +403,8 @@ type ErrorBody struct {
 
 // Stable error codes. Clients switch on these, never on messages.
 const (
-	CodeInvalid            = "invalid_argument"    // 400
+	CodeInvalid = "invalid_argument" // 400
+	// CodeTooLarge (400, limits.go) is a field over its documented limit.
 	CodeUnauthenticated    = "unauthenticated"     // 401
 	CodeForbidden          = "forbidden"           // 403
 	CodeNotFound           = "not_found"           // 404

@@ -16,6 +16,7 @@ func newSandboxCreateCmd(a *app) *cobra.Command {
 		req            api.CreateSandboxRequest
 		memory, output string
 		labels, env    []string
+		selector       []string
 		ttl, idle      time.Duration
 		count          int
 		allOrNone      bool
@@ -32,6 +33,7 @@ value) and, when its value has an "@" and no "=", the environment to start from.
 		Example: `  warren sandbox create --image busybox --cpu 1 --memory 256Mi --ttl 30m --label task=demo
   warren sandbox create --env swe-task-0042@1 --env DEBUG=1
   warren sandbox create --layer debian-python@12 --layer harness@7
+  warren sandbox create --image busybox --node-selector rack=r1 --pool cloud
   id=$(warren sandbox create --image busybox)
   warren sandbox create --image busybox --count 16 --all-or-none   # a gang: 16 ids, or none`,
 		Args: noArgs,
@@ -73,6 +75,9 @@ value) and, when its value has an "@" and no "=", the environment to start from.
 				return err
 			}
 			if req.Env, err = parseKVs("env", env, a.getenv, true); err != nil {
+				return err
+			}
+			if req.NodeSelector, err = parseKVs("node-selector", selector, a.getenv, false); err != nil {
 				return err
 			}
 			if count < 1 {
@@ -126,6 +131,8 @@ value) and, when its value has an "@" and no "=", the environment to start from.
 	f.DurationVar(&ttl, "ttl", 0, "lifetime, e.g. 30m (server default when 0)")
 	f.DurationVar(&idle, "idle-timeout", 0, "destroy after this long without use (0: never)")
 	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE (repeatable)")
+	f.StringArrayVar(&selector, "node-selector", nil, "place only on nodes with label KEY=VALUE (repeatable: every one must match)")
+	f.StringVar(&req.Pool, "pool", "", "place only in this node pool: onprem or cloud (no spill to the other)")
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE, or KEY to pass the local value (repeatable); NAME@VERSION picks the environment")
 	f.StringVarP(&output, "output", "o", "", "output: id (default) or json")
 	f.IntVar(&count, "count", 1, "create a gang of this many sandboxes (one id a line), labelled "+api.LabelGang)

@@ -3,6 +3,7 @@ package apiserver
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -96,6 +97,9 @@ func (s *Server) registerNode(w http.ResponseWriter, r *http.Request) error {
 	}
 	if reg.Pool != api.PoolOnPrem && reg.Pool != api.PoolCloud {
 		return errdefs.Invalid("node pool %q: want %s or %s", reg.Pool, api.PoolOnPrem, api.PoolCloud)
+	}
+	if err := api.CheckLabels("labels", reg.Labels, api.MaxLabels); err != nil {
+		return errdefs.Request(fmt.Errorf("registration of node %s: %w", id, err))
 	}
 	value, err := json.Marshal(fleet.Registration{Node: reg, Secret: req.Secret})
 	if err != nil {

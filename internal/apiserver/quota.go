@@ -31,6 +31,12 @@ const idempotencyHeader = "Idempotency-Key"
 // rate_limited or quota_exceeded with Retry-After). What create does
 // (placement, retries on other nodes) is its own business.
 func (s *Server) admitCreate(w http.ResponseWriter, r *http.Request, req api.CreateSandboxRequest, create createFunc) (api.Sandbox, error) {
+	if err := api.CheckCreate(&req); err != nil {
+		return api.Sandbox{}, errdefs.Request(err)
+	}
+	if len(r.Header.Get(idempotencyHeader)) > api.MaxIdempotencyKey {
+		return api.Sandbox{}, errdefs.Request(&api.LimitError{Field: idempotencyHeader, Got: int64(len(r.Header.Get(idempotencyHeader))), Max: api.MaxIdempotencyKey, Unit: "bytes"})
+	}
 	ctx := r.Context()
 	p := principal(ctx)
 	project, err := projectFor(p, req.Project, iam.ActionSandboxCreate)

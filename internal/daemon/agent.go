@@ -145,6 +145,8 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 		Backends: []backend.Backend{b},
 		Layers:   cache,
 		Limits:   cfg.Limits,
+		Pool:     cfg.Pool,
+		Labels:   cfg.Labels,
 		Log:      log,
 	})
 	if err != nil {

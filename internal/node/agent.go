@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -26,6 +27,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/guard"
 )
 
 // Images resolves an image name to its layers; *image.Registry does.
@@ -74,6 +76,13 @@ type Config struct {
 	Layers   Layers
 	Limits   Limits
 	Defaults Defaults
+	// Pool (default api.PoolOnPrem) and Labels are what a create's pool
+	// and node_selector must match here; Status reports them.
+	Pool   string
+	Labels map[string]string
+	// SpoolDir holds buffered exec output past its in-memory threshold,
+	// unlinked while open (default: "spool" next to StateDir).
+	SpoolDir string
 	// ReapInterval is how often TTLs and idle timeouts are checked.
 	ReapInterval time.Duration
 	Log          *slog.Logger
@@ -126,9 +135,20 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
 	cfg.Defaults = cfg.Defaults.withDefaults()
+	if cfg.Pool == "" {
+		cfg.Pool = api.PoolOnPrem
+	}
+	cfg.Labels = maps.Clone(cfg.Labels)
+	if cfg.SpoolDir == "" {
+		cfg.SpoolDir = filepath.Join(filepath.Dir(filepath.Clean(cfg.StateDir)), "spool")
+	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("node state dir: %w", err)
 	}
+	if err := os.MkdirAll(cfg.SpoolDir, 0o700); err != nil {
+		return nil, fmt.Errorf("node spool dir: %w", err)
+	}
+	guard.SweepSpool(cfg.SpoolDir)
 	a := &Agent{
 		cfg:       cfg,
 		backends:  map[string]backend.Backend{},
@@ -149,6 +169,11 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	return a, nil
 }
+
+// SpoolDir is where buffered exec output past its in-memory threshold
+// goes (guard.Spool): files unlinked while open, so nothing outlives the
+// call that wrote it.
+func (a *Agent) SpoolDir() string { return a.cfg.SpoolDir }
 
 func (l Limits) withDefaults() Limits {
 	if l.CPU == 0 {
@@ -248,7 +273,9 @@ func (a *Agent) Status() api.Node {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	n := api.Node{
-		ID: a.cfg.ID,
+		ID:     a.cfg.ID,
+		Pool:   a.cfg.Pool,
+		Labels: maps.Clone(a.cfg.Labels),
 		Capacity: api.Capacity{
 			CPU:       a.cfg.Limits.CPU,
 			Memory:    api.Quantity(a.cfg.Limits.Memory),

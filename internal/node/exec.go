@@ -8,17 +8,12 @@ import (
 	"io"
 	"path"
 	"strings"
-	"time"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/guard"
 )
-
-// maxExecTimeout bounds a single exec; longer work belongs in a sandbox's
-// own background processes.
-const maxExecTimeout = 24 * time.Hour
 
 // running returns a live sandbox that is running, or a classified error.
 func (a *Agent) running(id string) (*sandbox, error) {
@@ -97,6 +92,9 @@ func (a *Agent) Exec(ctx context.Context, id string, req api.ExecRequest, stdout
 
 // execRequest validates an API exec request and turns it into a backend one.
 func (a *Agent) execRequest(req api.ExecRequest) (backend.ExecRequest, error) {
+	if err := api.CheckExec(&req); err != nil {
+		return backend.ExecRequest{}, errdefs.Request(err)
+	}
 	var argv []string
 	switch {
 	case len(req.Argv) > 0 && req.Cmd != "":
@@ -120,14 +118,8 @@ func (a *Agent) execRequest(req api.ExecRequest) (backend.ExecRequest, error) {
 		return backend.ExecRequest{}, errdefs.Invalid("cwd %q: must be absolute", req.Cwd)
 	}
 	timeout := req.Timeout.D()
-	switch {
-	case timeout == 0:
+	if timeout == 0 {
 		timeout = a.cfg.Defaults.ExecTimeout
-	case timeout > maxExecTimeout:
-		return backend.ExecRequest{}, errdefs.Invalid("timeout %v: at most %v", timeout, maxExecTimeout)
-	}
-	if req.MaxOutput < 0 {
-		return backend.ExecRequest{}, errdefs.Invalid("max_output must not be negative")
 	}
 	var stdin io.Reader
 	switch req.StdinEncoding {

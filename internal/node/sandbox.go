@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"math"
-	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -58,11 +57,12 @@ func (s *sandbox) setState(state, reason string) {
 	s.mu.Unlock()
 }
 
-var labelKeyPattern = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62}[A-Za-z0-9])?$`)
-
 // validate checks a create request and fills in defaults. Every error is
 // ErrInvalid.
 func (a *Agent) validate(req *api.CreateSandboxRequest) error {
+	if err := api.CheckCreate(req); err != nil {
+		return errdefs.Request(err)
+	}
 	d := a.cfg.Defaults
 	if req.Backend == "" {
 		req.Backend = api.BackendContainer
@@ -107,17 +107,33 @@ func (a *Agent) validate(req *api.CreateSandboxRequest) error {
 	if req.IdleTimeout != 0 && req.IdleTimeout.D() < time.Second {
 		return errdefs.Invalid("idle_timeout %v: at least 1s", req.IdleTimeout)
 	}
-	if len(req.Labels) > 64 {
-		return errdefs.Invalid("at most 64 labels")
-	}
-	for k, v := range req.Labels {
-		if !labelKeyPattern.MatchString(k) || len(v) > 256 {
-			return errdefs.Invalid("label %q: keys are 1-64 of [A-Za-z0-9._/-], values at most 256 bytes", k)
-		}
-	}
 	for k := range req.Env {
 		if !api.ValidEnvName(k) {
 			return errdefs.Invalid("env %q: not a valid variable name", k)
+		}
+	}
+	return nil
+}
+
+// placeable checks a create's pool and node_selector against this node:
+// ErrUnavailable with code api.CodeNoMatchingNode (503) naming the
+// constraint it fails, as placement would have answered.
+func (a *Agent) placeable(req *api.CreateSandboxRequest) error {
+	if req.Pool != "" && req.Pool != a.cfg.Pool {
+		return errdefs.New(errdefs.ErrUnavailable, api.CodeNoMatchingNode,
+			"no node matches pool %s (node %s is in pool %s)", req.Pool, a.cfg.ID, a.cfg.Pool)
+	}
+	keys := slices.Sorted(maps.Keys(req.NodeSelector))
+	for _, k := range keys {
+		want := req.NodeSelector[k]
+		have, ok := a.cfg.Labels[k]
+		switch {
+		case !ok:
+			return errdefs.New(errdefs.ErrUnavailable, api.CodeNoMatchingNode,
+				"no node matches node_selector %s=%s (node %s lacks label %s)", k, want, a.cfg.ID, k)
+		case have != want:
+			return errdefs.New(errdefs.ErrUnavailable, api.CodeNoMatchingNode,
+				"no node matches node_selector %s=%s (node %s has %s=%s)", k, want, a.cfg.ID, k, have)
 		}
 	}
 	return nil
@@ -170,6 +186,9 @@ func (a *Agent) CreateFrom(ctx context.Context, req api.CreateSandboxRequest, im
 
 func (a *Agent) createFrom(ctx context.Context, req api.CreateSandboxRequest, resolved *api.Image) (api.Sandbox, error) {
 	if err := a.validate(&req); err != nil {
+		return api.Sandbox{}, err
+	}
+	if err := a.placeable(&req); err != nil {
 		return api.Sandbox{}, err
 	}
 	b, ok := a.backends[req.Backend]

@@ -91,6 +91,28 @@ class ClientTest(unittest.TestCase):
             self.c.create_sandbox("busybox", memory="lots")
         self.assertEqual(cm.exception.status, 400)
 
+    def test_placement_constraints(self):
+        sb = self.c.create_sandbox("busybox", memory="64Mi", pool="onprem", node_selector={})
+        self.c.delete_sandbox(sb["id"])
+        c = Client(create_retries=0)
+        for kw, want in (({"node_selector": {"rack": "r-nowhere"}}, "node_selector rack=r-nowhere"),
+                         ({"pool": "cloud"}, "pool cloud")):
+            with self.assertRaises(WarrenError) as cm:
+                c.create_sandbox("busybox", **kw)
+            self.assertEqual((cm.exception.status, cm.exception.code), (503, "no_matching_node"))
+            self.assertIn(want, cm.exception.message)
+            with self.assertRaises(WarrenError) as cm:
+                c.create_sandboxes(2, "busybox", all_or_none=False, **kw)
+            self.assertEqual(cm.exception.code, "no_matching_node")
+
+    def test_limits(self):
+        with self.assertRaises(WarrenError) as cm:
+            self.c.exec(self.sb["id"], ["true"], max_output="1Gi")
+        self.assertEqual((cm.exception.status, cm.exception.code), (400, "too_large"))
+        with self.assertRaises(WarrenError) as cm:
+            self.c.create_sandbox("busybox", env={"BIG": "x" * (1 << 20)})
+        self.assertEqual((cm.exception.status, cm.exception.code), (400, "too_large"))
+
     def test_gang_and_idempotency(self):
         gang = self.c.create_sandboxes(3, "busybox", memory="64Mi", labels={"suite": "python-gang"})
         ids = [sb["id"] for sb in gang["sandboxes"]]

@@ -189,14 +189,16 @@ class Client:
 
     @staticmethod
     def _create_body(image: str, backend: str, cpu: float, memory: Any, pids: int, ttl: Any, idle_timeout: Any,
-                     labels: Optional[Dict[str, str]], env: Optional[Dict[str, str]], extra: Dict[str, Any]):
+                     labels: Optional[Dict[str, str]], env: Optional[Dict[str, str]], extra: Dict[str, Any],
+                     node_selector: Optional[Dict[str, str]] = None, pool: str = ""):
         body: Dict[str, Any] = {"image": image}
         if backend:
             body["backend"] = backend
         res = {k: v for k, v in (("cpu", cpu), ("memory", memory), ("pids", pids)) if v}
         if res:
             body["resources"] = res
-        for k, v in (("ttl", ttl), ("idle_timeout", idle_timeout), ("labels", labels), ("env", env)):
+        for k, v in (("ttl", ttl), ("idle_timeout", idle_timeout), ("labels", labels), ("env", env),
+                     ("node_selector", node_selector), ("pool", pool)):
             if v:
                 body[k] = v
         body.update(extra)
@@ -214,13 +216,18 @@ class Client:
 
     def create_sandbox(self, image: str, *, backend: str = "", cpu: float = 0, memory: Any = 0, pids: int = 0,
                        ttl: Any = None, idle_timeout: Any = None, labels: Optional[Dict[str, str]] = None,
-                       env: Optional[Dict[str, str]] = None, **extra: Any) -> Dict[str, Any]:
+                       env: Optional[Dict[str, str]] = None, node_selector: Optional[Dict[str, str]] = None,
+                       pool: str = "", **extra: Any) -> Dict[str, Any]:
         """Create and start a sandbox. Retries 429/503 refusals after their Retry-After.
 
+        node_selector={"rack": "r1"} places it only on nodes with every one of
+        those labels (warren agent --label), pool="cloud" only in that node
+        pool; when no node matches, the answer is 503 no_matching_node.
         extra goes into the request as is: project="research/rl-math",
         idempotency_key="rollout-17" (replays return the same sandbox), layers=[...].
         """
-        body = self._create_body(image, backend, cpu, memory, pids, ttl, idle_timeout, labels, env, extra)
+        body = self._create_body(image, backend, cpu, memory, pids, ttl, idle_timeout, labels, env, extra,
+                                 node_selector, pool)
         return self._retrying("/v1/sandboxes", body)
 
     def create_sandboxes(self, count: int, image: str, *, all_or_none: bool = True, **template: Any) -> Dict[str, Any]:
@@ -231,7 +238,8 @@ class Client:
         the created members under "sandboxes" and the failures under "errors".
         """
         kw = {k: template.pop(k, d) for k, d in (("backend", ""), ("cpu", 0), ("memory", 0), ("pids", 0),
-                                                ("ttl", None), ("idle_timeout", None), ("labels", None), ("env", None))}
+                                                ("ttl", None), ("idle_timeout", None), ("labels", None), ("env", None),
+                                                ("node_selector", None), ("pool", ""))}
         body = {"count": count, "template": self._create_body(image, extra=template, **kw), "all_or_none": all_or_none}
         if all_or_none:
             return self._retrying("/v1/sandboxes:batch", body)
