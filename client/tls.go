@@ -51,7 +51,7 @@ func (e *TLSError) Error() string {
 	hint := ""
 	switch {
 	case errors.As(e.Err, &ua):
-		hint = "the server's certificate is not signed by a CA this client trusts: give the cluster's CA (--ca or WARREN_CA, client.WithCAFile, Client(ca=...))"
+		hint = "the server's certificate is not signed by a CA this client trusts: give the cluster's CA (warren --ca or WARREN_CA; in Go, client.WithCAFile)"
 	case errors.As(e.Err, &hn):
 		hint = "the server's certificate is not valid for the name dialed: use an address on its certificate, or issue one for this name (warren cert issue)"
 	case errors.As(e.Err, &rh):

@@ -191,12 +191,14 @@ func run(n, conc, rounds int, keep, withTLS bool) error {
 			cgroup string
 			create func(context.Context) (func(), error)
 		}{"warren+tls", "/warren/" + tlsNode, warrenCreate(ct)})
-		fmt.Printf("-tls: warren+tls = a second warren up serving TLS 1.3 (ECDSA P-256); both without FnCall or runtime images\n")
 	}
 
 	fmt.Printf("bench/create: n=%d per mode, %d concurrent clients, %d rounds, %s\n", n, conc, rounds, time.Now().UTC().Format(time.RFC3339))
 	fmt.Printf("peers: warren = REST API -> agent -> container backend; runc = overlay + `runc run -d` with runc's default spec;\n" +
 		"       runc+hardened = the same with warren's OCI spec (seccomp, masked paths, catatonit init)\n")
+	if withTLS {
+		fmt.Printf("       warren+tls = a second warren up serving its API over TLS 1.3 (ECDSA P-256); both warrens without FnCall or runtime images\n")
+	}
 	modes := []struct {
 		name string
 		c    int
