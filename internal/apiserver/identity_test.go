@@ -127,9 +127,18 @@ func TestNodeIdentity(t *testing.T) {
 			t.Errorf("%s after the owner removed n1: %v, want gone", k, err)
 		}
 	}
-	// Once the first is gone, the second may take the name.
+	// Once the first is gone, the second may take the name; but n1 stays
+	// the first agent's: no newcomer registers as a node that died.
 	if _, err := reg(second, "n2", ""); err != nil {
 		t.Errorf("second agent after the first left: %v", err)
+	}
+	_, err = reg(agent(mint(""), "key-of-a-thief-0123456"), "n1", "")
+	wantCode("a newcomer registering a gone node's id", err, errdefs.ErrForbidden, api.CodeNodeNotOwner)
+	if _, err := reg(first, "n1", "rack2-node7-again"); !errors.Is(err, errdefs.ErrForbidden) {
+		t.Errorf("the bound token under another name: %v, want ErrForbidden", err)
+	}
+	if _, err := reg(agent(mint(""), "key-of-the-first-agent"), "n1", ""); err != nil {
+		t.Errorf("n1's own agent (its node key) with another token: %v", err)
 	}
 	if _, _, err := m.CreateToken(ctx, iam.SystemPrincipal(), iam.TokenSpec{Role: iam.RoleRunner, Node: "x"}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("a runner token bound to a node: %v, want ErrInvalid", err)

@@ -64,6 +64,7 @@ func (s *Server) nodeAuthenticated(h handler) http.Handler {
 type nodeCaller struct {
 	p     iam.Principal
 	owner string // fleet.Registration.Owner of the calling agent
+	keyed bool   // owner is the agent's node key, not its token
 }
 
 type nodeCallerKey struct{}
@@ -88,7 +89,7 @@ func (s *Server) checkNodeAuth(r *http.Request) (*http.Request, error) {
 		if len(k) < 16 || len(k) > 256 {
 			return r, errdefs.Invalid("%s: want 16 to 256 characters", fleet.NodeKeyHeader)
 		}
-		c.owner = fleet.OwnerOf(k)
+		c.owner, c.keyed = fleet.OwnerOf(k), true
 	}
 	return r.WithContext(context.WithValue(r.Context(), nodeCallerKey{}, c)), nil
 }
@@ -146,7 +147,7 @@ func (s *Server) registerNode(w http.ResponseWriter, r *http.Request) error {
 	if err := fleet.Remember(r.Context(), s.cfg.Registrations, id); err != nil {
 		return err
 	}
-	lease, err := fleet.Claim(r.Context(), st, fleet.Registration{Node: reg, Secret: req.Secret, Owner: c.owner, Token: c.p.TokenID}, ttl)
+	lease, err := fleet.Claim(r.Context(), st, fleet.Registration{Node: reg, Secret: req.Secret, Owner: c.owner, Token: c.p.TokenID}, ttl, c.keyed)
 	if err != nil {
 		return err
 	}

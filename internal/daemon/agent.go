@@ -332,7 +332,7 @@ func (l *tokenLeaser) PutWithLease(ctx context.Context, key string, value []byte
 		return 0, err
 	}
 	reg.Owner, reg.Token = l.owner, p.TokenID
-	return fleet.Claim(ctx, l.LeaseTxn, reg, ttl)
+	return fleet.Claim(ctx, l.LeaseTxn, reg, ttl, true)
 }
 
 func (l *tokenLeaser) KeepAlive(ctx context.Context, id store.LeaseID) error {

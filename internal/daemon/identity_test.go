@@ -19,8 +19,9 @@ import (
 // when the agent names none) and refuses another; a second agent on the
 // same bound token is refused while the first is alive; an agent that
 // copies a live node's id (another data dir, so another node key) is
-// refused whatever its token; and each refusal ends the agent with a
-// stable code. Once the first agent is gone, its name is free again.
+// refused whatever its token, and still once that node is gone; each
+// refusal ends the agent with a stable code. Once the first agent is gone,
+// its name is free again.
 func TestNodeIdentityAgents(t *testing.T) {
 	testutil.RequireBinary(t, "mkfs.erofs", "busybox")
 	ctx := context.Background()
@@ -82,6 +83,10 @@ func TestNodeIdentityAgents(t *testing.T) {
 			if _, err := c.startAgent(dir+"second", tok.Secret, viaEtcd); err != nil {
 				t.Errorf("second agent after the first left: %v", err)
 			}
+			// The gone node's id stays its own agent's: a newcomer holding
+			// a copy of it does not get its sandboxes' calls.
+			_, err = c.startAgent(dir+"thief", other.Secret, viaEtcd, short)
+			refused("another agent taking over a gone node's id", err, errdefs.ErrForbidden, api.CodeNodeNotOwner)
 		})
 	}
 }

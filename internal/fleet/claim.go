@@ -29,6 +29,11 @@ import (
 const (
 	NamePrefix  = "/node-names/"  // name -> the node id and owner holding it
 	LeasePrefix = "/node-leases/" // lease -> the node id and owner it renews
+	// OwnerPrefix binds a node id to the first owner that registered it,
+	// for good: the node key lives in the data dir next to the node id,
+	// so a legitimate agent never needs another's id, and a node that
+	// died cannot have its sandboxes' calls rerouted by a newcomer either.
+	OwnerPrefix = "/node-owners/"
 )
 
 // NodeKeyHeader carries an agent's node key on its calls to an
@@ -57,8 +62,11 @@ func OwnerOf(key string) string {
 // Claim registers reg (its Owner set) under a new lease of ttl, unless
 // another owner's registration of reg.ID, or claim of reg.Name, is alive:
 // ErrConflict with code api.CodeNodeRegistered or api.CodeNodeNameTaken.
-// A registration of the same owner is replaced (the agent restarted).
-func Claim(ctx context.Context, st store.LeaseTxn, reg Registration, ttl time.Duration) (store.LeaseID, error) {
+// A registration of the same owner is replaced (the agent restarted). With
+// bind (the owner is a node key, not a stand-in for an agent that sends
+// none), reg.ID is also bound to its owner for good (OwnerPrefix): another
+// owner is ErrForbidden (api.CodeNodeNotOwner) even once the node is gone.
+func Claim(ctx context.Context, st store.LeaseTxn, reg Registration, ttl time.Duration, bind bool) (store.LeaseID, error) {
 	if !validID(reg.ID) {
 		return 0, errdefs.Invalid("fleet: node id %q", reg.ID)
 	}
@@ -66,7 +74,7 @@ func Claim(ctx context.Context, st store.LeaseTxn, reg Registration, ttl time.Du
 		return 0, errdefs.Invalid("fleet: registration of %s has no owner", reg.ID)
 	}
 	for attempt := 0; ; attempt++ {
-		lease, err := claimOnce(ctx, st, reg, ttl)
+		lease, err := claimOnce(ctx, st, reg, ttl, bind)
 		if errors.Is(err, errRaced) && attempt < 3 {
 			continue
 		}
@@ -79,7 +87,7 @@ func Claim(ctx context.Context, st store.LeaseTxn, reg Registration, ttl time.Du
 
 var errRaced = errors.New("fleet: claim raced")
 
-func claimOnce(ctx context.Context, st store.LeaseTxn, reg Registration, ttl time.Duration) (store.LeaseID, error) {
+func claimOnce(ctx context.Context, st store.LeaseTxn, reg Registration, ttl time.Duration, bind bool) (store.LeaseID, error) {
 	idVer, err := ownedVersion(ctx, st, Key(reg.ID), reg.Owner, func(v []byte) (string, error) {
 		var cur Registration
 		err := json.Unmarshal(v, &cur)
@@ -88,6 +96,11 @@ func claimOnce(ctx context.Context, st store.LeaseTxn, reg Registration, ttl tim
 	if err != nil {
 		return 0, errdefs.New(errdefs.ErrConflict, api.CodeNodeRegistered,
 			"node %s is registered by another agent that is alive (its data dir holds another node key); stop it, or wait for its registration to expire", reg.ID)
+	}
+	if bind {
+		if err := bindOwner(ctx, st, reg.ID, reg.Owner); err != nil {
+			return 0, err
+		}
 	}
 	kvs := []store.KV{{Key: Key(reg.ID), Version: idVer}}
 	if reg.Name != "" {
@@ -126,6 +139,26 @@ func claimOnce(ctx context.Context, st store.LeaseTxn, reg Registration, ttl tim
 		return 0, err
 	}
 	return lease, nil
+}
+
+// bindOwner binds node id to owner if it is bound to nobody yet;
+// ErrForbidden (api.CodeNodeNotOwner) if another owner has it.
+func bindOwner(ctx context.Context, st store.Store, id, owner string) error {
+	v, _ := json.Marshal(Claimed{ID: id, Owner: owner})
+	err := st.Create(ctx, OwnerPrefix+id, v)
+	if err == nil || !errors.Is(err, errdefs.ErrConflict) {
+		return err
+	}
+	kv, err := st.Get(ctx, OwnerPrefix+id)
+	if err != nil {
+		return err
+	}
+	var c Claimed
+	if json.Unmarshal(kv.Value, &c) == nil && c.Owner == owner {
+		return nil
+	}
+	return errdefs.New(errdefs.ErrForbidden, api.CodeNodeNotOwner,
+		"node id %s belongs to the agent that first registered it (another data dir); a new agent draws a new node id", id)
 }
 
 // errOwned: the key is alive and another owner's.
