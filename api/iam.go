@@ -195,7 +195,7 @@ const (
 // Error codes of node registration (node tokens and agents).
 const (
 	CodeNodeNameMismatch = "node_name_mismatch" // 403: the node token is bound to another node name
-	CodeNodeNotOwner     = "node_not_owner"     // 403: the registration or lease belongs to another agent
+	CodeNodeNotOwner     = "node_not_owner"     // 403: the registration, its lease or the node id belongs to another agent
 	CodeNodeRegistered   = "node_registered"    // 409: another agent holds this node id's live registration
 	CodeNodeNameTaken    = "node_name_taken"    // 409: another live agent registered this node name
 )
