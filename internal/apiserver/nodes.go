@@ -128,7 +128,7 @@ func (s *Server) registerNode(w http.ResponseWriter, r *http.Request) error {
 		return errdefs.Invalid("registration ttl %v: want 1s..%v", ttl, maxRegistrationTTL)
 	}
 	c := callerOf(r)
-	name, err := BoundName(c.p, n.Name)
+	name, err := iam.BoundNodeName(c.p, n.Name)
 	if err != nil {
 		return err
 	}
@@ -152,26 +152,6 @@ func (s *Server) registerNode(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	return writeJSON(w, http.StatusOK, nodeapi.LeaseAnswer{Lease: int64(lease)})
-}
-
-// BoundName is the node name an agent registers as with p's token, asking
-// for name: the token's binding when it has one (name empty or equal),
-// else name as asked. ErrForbidden (api.CodeNodeNameMismatch) for another
-// name than the binding; ErrInvalid for a malformed name.
-func BoundName(p iam.Principal, name string) (string, error) {
-	if p.Node != "" {
-		if name != "" && name != p.Node {
-			return "", errdefs.New(errdefs.ErrForbidden, api.CodeNodeNameMismatch,
-				"node token %s is bound to node %q; this agent asked to register as %q", p.TokenID, p.Node, name)
-		}
-		return p.Node, nil
-	}
-	if name != "" {
-		if err := iam.ValidNodeName(name); err != nil {
-			return "", err
-		}
-	}
-	return name, nil
 }
 
 func leaseParam(r *http.Request) (store.LeaseID, error) {

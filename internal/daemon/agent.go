@@ -15,7 +15,6 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/client"
-	"github.com/warrenhq/warren/internal/apiserver"
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/backend/container"
 	"github.com/warrenhq/warren/internal/backend/fake"
@@ -326,9 +325,9 @@ func (l *tokenLeaser) PutWithLease(ctx context.Context, key string, value []byte
 	}
 	var reg fleet.Registration
 	if err := json.Unmarshal(value, &reg); err != nil || fleet.Key(reg.ID) != key {
-		return 0, errdefs.Invalid("registration at %s: %s", key, value)
+		return 0, errdefs.Invalid("registration at %s: not a registration of that node", key)
 	}
-	if reg.Name, err = apiserver.BoundName(p, reg.Name); err != nil {
+	if reg.Name, err = iam.BoundNodeName(p, reg.Name); err != nil {
 		return 0, err
 	}
 	reg.Owner, reg.Token = l.owner, p.TokenID

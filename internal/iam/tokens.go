@@ -77,6 +77,26 @@ func ValidNodeName(name string) error {
 	return nil
 }
 
+// BoundNodeName is the node name an agent registers as with p's node
+// token, asking for name: the token's binding when it has one (name empty
+// or equal), else name as asked. ErrForbidden (api.CodeNodeNameMismatch)
+// for another name than the binding; ErrInvalid for a malformed name.
+func BoundNodeName(p Principal, name string) (string, error) {
+	if p.Node != "" {
+		if name != "" && name != p.Node {
+			return "", errdefs.New(errdefs.ErrForbidden, api.CodeNodeNameMismatch,
+				"node token %s is bound to node %q; this agent asked to register as %q", p.TokenID, p.Node, name)
+		}
+		return p.Node, nil
+	}
+	if name != "" {
+		if err := ValidNodeName(name); err != nil {
+			return "", err
+		}
+	}
+	return name, nil
+}
+
 type tokenRecord struct {
 	V     int    `json:"v"`
 	Token Token  `json:"token"`
