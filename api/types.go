@@ -359,7 +359,10 @@ const (
 
 // Node is the API view of one node agent.
 type Node struct {
-	ID      string `json:"id"`
+	ID string `json:"id"`
+	// Name is the node's name (`warren agent --node-name`, or the name
+	// its node token is bound to); empty for a node that has none.
+	Name    string `json:"name,omitempty"`
 	Address string `json:"address,omitempty"`
 	// Pool is PoolOnPrem (also when empty) or PoolCloud.
 	Pool string `json:"pool,omitempty"`

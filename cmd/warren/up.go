@@ -29,7 +29,10 @@ instead; "warren sandbox rm --all" ends them while it runs.
 The blob store is <data-dir>/blobs unless --blobs names another directory, or an
 S3 bucket: s3://bucket/prefix?endpoint=host:port (https; http://host:port for
 plain HTTP; no endpoint: AWS S3), with &region=R if needed and the credentials in
-AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.`,
+AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
+
+It serves plain HTTP (on loopback by default) unless given --tls-cert and
+--tls-key (see "warren cert").`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			level := slog.LevelInfo
@@ -45,6 +48,7 @@ AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.`,
 	f := cmd.Flags()
 	f.StringVar(&cfg.DataDir, "data-dir", dataDirDefault(), "directory for all state (env "+envDataDir+")")
 	f.StringVar(&cfg.Listen, "listen", daemon.DefaultListen, "API listen address")
+	tlsFlags(f, &cfg.TLS)
 	f.StringVar(&cfg.Blobs, "blobs", "", "blob store: a directory or s3://bucket/prefix?endpoint=host:port (default <data-dir>/blobs)")
 	f.IntVar(&cfg.Limits.Sandboxes, "max-sandboxes", 0, "sandboxes this node admits (0: 1000)")
 	f.BoolVar(&cfg.StopSandboxes, "stop-sandboxes", false, "end every sandbox when warren stops (default: they keep running and the next \"warren up\" on --data-dir re-adopts them)")

@@ -2,9 +2,11 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -50,6 +52,12 @@ type AgentConfig struct {
 	// It never opens the node API: that takes a secret the agent draws at
 	// every start and registers with the node (fleet.Registration).
 	Token string
+	// NodeName names the node in the cluster (default: the name the node
+	// token is bound to, if any). A bound token registers only its name.
+	NodeName string
+	// TLS: the node API serves TLS with TLS.Cert and TLS.Key (and the node
+	// registers an https address); TLS.CA verifies an https apiserver.
+	TLS TLSConfig
 	// Pool is api.PoolOnPrem (default) or api.PoolCloud; Labels are
 	// matched by placement.
 	Pool   string
@@ -99,6 +107,15 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	if (len(cfg.Etcd) == 0) == (len(cfg.APIServers) == 0) {
 		return errdefs.Invalid("agent: give --etcd or --apiserver (one of them)")
 	}
+	if cfg.NodeName != "" {
+		if err := iam.ValidNodeName(cfg.NodeName); err != nil {
+			return err
+		}
+	}
+	tlsClient, err := cfg.TLS.client()
+	if err != nil {
+		return err
+	}
 	dir, err := filepath.Abs(cfg.DataDir)
 	if err != nil {
 		return err
@@ -108,6 +125,12 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	}
 	start := time.Now()
 	nodeID, err := loadOrCreate(filepath.Join(dir, "node-id"), func() string { return "n" + randomHex(4) })
+	if err != nil {
+		return err
+	}
+	// The node key proves this is the agent that registered the node
+	// (fleet.Claim): it stays in the data dir across restarts.
+	nodeKey, err := loadOrCreate(filepath.Join(dir, "node-key"), func() string { return randomHex(32) })
 	if err != nil {
 		return err
 	}
@@ -166,11 +189,14 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 			return err
 		}
 		defer st.Close()
-		leaser, peer = newTokenLeaser(st, cfg.Token), hostPort(cfg.Etcd[0])
+		leaser, peer = newTokenLeaser(st, cfg.Token, nodeKey), hostPort(cfg.Etcd[0])
 		envs = image.NewRegistry(st, blobs, image.WithLogger(log))
 	} else {
-		leaser, peer = nodeapi.NewRegistrations(cfg.APIServers, cfg.Token, nil), hostPort(cfg.APIServers[0])
-		envs = apiImages{client.New(cfg.APIServers[0], cfg.Token)}
+		t := nodeapi.NewTransport()
+		t.TLSClientConfig = tlsClient
+		hc := &http.Client{Transport: nodeKeyTransport{key: nodeKey, next: t}}
+		leaser, peer = nodeapi.NewRegistrations(cfg.APIServers, cfg.Token, hc), hostPort(cfg.APIServers[0])
+		envs = apiImages{client.New(cfg.APIServers[0], cfg.Token, client.WithTLSConfig(tlsClient))}
 	}
 	var fn *fncall.Service
 	if cfg.Simulated == nil { // a simulated node runs no real containers
@@ -183,13 +209,16 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	}
 	go newLayerCollector(nil, agentLayers(agent, fn), cache, log).run(ctx)
 
-	ln, err := net.Listen("tcp", cfg.Listen)
+	ln, scheme, err := cfg.TLS.listen(cfg.Listen)
 	if err != nil {
-		return fmt.Errorf("listen: %w", err)
+		return err
 	}
 	addr := cfg.Advertise
 	if addr == "" {
 		addr = advertise(ln.Addr().(*net.TCPAddr), peer)
+	}
+	if scheme == "https" && !strings.Contains(addr, "://") {
+		addr = "https://" + addr
 	}
 	// This node's own secret, new at every start: only the apiservers
 	// learn it, from the registration.
@@ -203,7 +232,7 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	status := agent.Status()
 	reg, err := fleet.NewRegistrar(fleet.RegistrarConfig{
 		Store: leaser,
-		Node: api.Node{ID: nodeID, Address: addr, Pool: cfg.Pool, Labels: cfg.Labels,
+		Node: api.Node{ID: nodeID, Name: cfg.NodeName, Address: addr, Pool: cfg.Pool, Labels: cfg.Labels,
 			Backends: status.Backends, Capacity: status.Capacity},
 		Secret: secret,
 		TTL:    cfg.RegistrationTTL,
@@ -244,7 +273,7 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	log.Info("warren agent is up", "node", nodeID, "addr", ln.Addr().String(), "advertise", addr, "data_dir", dir,
+	log.Info("warren agent is up", "node", nodeID, "name", cfg.NodeName, "addr", ln.Addr().String(), "advertise", addr, "data_dir", dir,
 		"blobs", blobsOf(cfg.Blobs, dir), "pool", orDefault(cfg.Pool, api.PoolOnPrem), "backends", status.Backends,
 		"startup", time.Since(start).Round(time.Millisecond))
 	if cfg.Ready != nil {
@@ -281,11 +310,22 @@ func awaitStop(ctx context.Context, srv *httpServer, a *node.Agent, stop bool, l
 // itself. It checks the node token with IAM before every registration and
 // renewal, as an apiserver does for an agent that registers through it, so
 // that either way only a node token registers, and a revoked one's
-// registration lapses.
+// registration lapses; and it registers with fleet.Claim, as an apiserver
+// does: as the token's bound name only, never over another agent's live
+// registration.
+//
+// These checks run in the agent itself: they keep honest agents from
+// clashing (a wrong --node-name, a second agent on a bound token, a copied
+// data dir), but they are no defence against whoever holds the node token
+// and reaches etcd, since etcd grants every client the whole keyspace (no
+// etcd user or role is configured): such a client can write any key. Hosts
+// that are not all trusted register through an apiserver (--apiserver),
+// and etcd is reachable from apiservers only.
 type tokenLeaser struct {
-	store.Watcher
+	store.LeaseTxn
 	iam   *iam.IAM
 	token string
+	owner string
 }
 
 // tokenRecheck bounds how long a revoked token keeps renewing an etcd
@@ -293,38 +333,69 @@ type tokenLeaser struct {
 // answered from IAM's cache: one store read per agent per tokenRecheck.
 const tokenRecheck = 30 * time.Second
 
-func newTokenLeaser(st store.Watcher, token string) *tokenLeaser {
+func newTokenLeaser(st store.LeaseTxn, token, nodeKey string) *tokenLeaser {
 	// Never admits anything: it only reads tokens. Node tokens belong to
 	// the root project, which is always there: the tree needs no refresh.
 	m := iam.New(st, iam.Options{AuthCacheTTL: tokenRecheck, TreeRefresh: time.Hour})
-	return &tokenLeaser{Watcher: st, iam: m, token: token}
+	return &tokenLeaser{LeaseTxn: st, iam: m, token: token, owner: fleet.OwnerOf(nodeKey)}
 }
 
 // check: ErrUnauthenticated for a token IAM does not know (or no longer),
 // ErrForbidden for a token of another role.
-func (l *tokenLeaser) check(ctx context.Context) error {
+func (l *tokenLeaser) check(ctx context.Context) (iam.Principal, error) {
 	p, err := l.iam.Authenticate(ctx, l.token)
 	if err != nil {
-		return fmt.Errorf("node token: %w", err)
+		return p, fmt.Errorf("node token: %w", err)
 	}
 	if err := iam.Authorize(p, iam.ActionNode, ""); err != nil {
-		return fmt.Errorf("node token: %w", err)
+		return p, fmt.Errorf("node token: %w", err)
 	}
-	return nil
+	return p, nil
 }
 
 func (l *tokenLeaser) PutWithLease(ctx context.Context, key string, value []byte, ttl time.Duration) (store.LeaseID, error) {
-	if err := l.check(ctx); err != nil {
+	p, err := l.check(ctx)
+	if err != nil {
 		return 0, err
 	}
-	return l.Watcher.PutWithLease(ctx, key, value, ttl)
+	var reg fleet.Registration
+	if err := json.Unmarshal(value, &reg); err != nil || fleet.Key(reg.ID) != key {
+		return 0, errdefs.Invalid("registration at %s: not a registration of that node", key)
+	}
+	if reg.Name, err = iam.BoundNodeName(p, reg.Name); err != nil {
+		return 0, err
+	}
+	reg.Owner, reg.Token = l.owner, p.TokenID
+	return fleet.Claim(ctx, l.LeaseTxn, reg, ttl, true)
 }
 
 func (l *tokenLeaser) KeepAlive(ctx context.Context, id store.LeaseID) error {
-	if err := l.check(ctx); err != nil {
+	if _, err := l.check(ctx); err != nil {
 		return err
 	}
-	return l.Watcher.KeepAlive(ctx, id)
+	return l.LeaseTxn.KeepAlive(ctx, id)
+}
+
+// Delete removes the node's registration if this agent holds it.
+func (l *tokenLeaser) Delete(ctx context.Context, key string) error {
+	id, ok := strings.CutPrefix(key, fleet.Prefix)
+	if !ok {
+		return errdefs.Invalid("registration key %q", key)
+	}
+	return fleet.Release(ctx, l.LeaseTxn, id, l.owner)
+}
+
+// nodeKeyTransport sends the agent's node key with each call to an
+// apiserver's registration endpoint (fleet.NodeKeyHeader).
+type nodeKeyTransport struct {
+	key  string
+	next http.RoundTripper
+}
+
+func (t nodeKeyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set(fleet.NodeKeyHeader, t.key)
+	return t.next.RoundTrip(r)
 }
 
 func orDefault(s, def string) string {

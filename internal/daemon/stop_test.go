@@ -55,7 +55,7 @@ func TestAgentStopSandboxes(t *testing.T) {
 					t.Fatalf("after a plain stop: %d records, sandbox dir %v; want both kept", len(records), dirErr)
 				}
 				// The next agent on the data dir re-adopts it.
-				a2, err := c.startAgentWith("agent", c.nodeToken(), true, nil)
+				a2, err := c.startAgentWith("agent", c.nodeToken(), true)
 				if err != nil {
 					t.Fatal(err)
 				}

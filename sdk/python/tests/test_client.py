@@ -30,6 +30,25 @@ class ClientTest(unittest.TestCase):
         r = self.c.exec(self.sb["id"], cmd="echo hello; echo oops >&2; exit 3")
         self.assertEqual((r.stdout, r.stderr, r.exit_code, r.timed_out), (b"hello\n", b"oops\n", 3, False))
 
+    def test_exec_string_runs_in_the_shell(self):
+        # A str is a shell command, never iterated into ["e", "c", "h", "o", ...].
+        r = self.c.exec(self.sb["id"], "echo a   b; exit 2")
+        self.assertEqual((r.stdout, r.exit_code), (b"a b\n", 2))
+        chunks = []
+        r = self.c.exec_stream(self.sb["id"], "echo streamed", on_stdout=chunks.append)
+        self.assertEqual((b"".join(chunks), r.exit_code), (b"streamed\n", 0))
+
+        async def main():
+            return await AsyncClient().exec(self.sb["id"], "echo from async; exit 5")
+
+        r = asyncio.run(main())
+        self.assertEqual((r.stdout, r.exit_code), (b"from async\n", 5))
+        for bad in (b"ls -la", ["ls", 3], []):
+            with self.assertRaises((TypeError, ValueError)):
+                self.c.exec(self.sb["id"], bad)
+        with self.assertRaises(ValueError):
+            self.c.exec(self.sb["id"], "ls", cmd="ls")
+
     def test_exec_binary_and_stdin(self):
         r = self.c.exec(self.sb["id"], ["cat"], stdin=b"\xff\x00ok")
         self.assertEqual(r.stdout, b"\xff\x00ok")

@@ -7,6 +7,7 @@ import base64
 import functools
 import json
 import os
+import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -129,6 +130,25 @@ class ExecResult:
         )
 
 
+class TLSError(WarrenError):
+    """The TLS handshake refused the server: its certificate is not signed
+    by a CA this client trusts (give ca= or WARREN_CA), or is not valid for
+    the name dialed. Nothing reached the server. ``code`` is
+    ``tls_untrusted``, ``tls_wrong_name`` or ``tls_failed``."""
+
+
+def _tls_error(addr: str, err: ssl.SSLError) -> TLSError:
+    msg = getattr(err, "verify_message", "") or str(err)
+    if isinstance(err, ssl.SSLCertVerificationError) and getattr(err, "verify_code", 0) == 62:
+        code, hint = "tls_wrong_name", "the server's certificate is not valid for the name dialed"
+    elif isinstance(err, ssl.SSLCertVerificationError):
+        code, hint = "tls_untrusted", ("the server's certificate is not signed by a CA this client trusts: "
+                                       "give the cluster's CA (Client(ca=...) or WARREN_CA)")
+    else:
+        code, hint = "tls_failed", "TLS handshake failed"
+    return TLSError(0, code, "TLS to %s: %s: %s" % (addr, hint, msg))
+
+
 def _decode(data: str, encoding: str) -> bytes:
     return base64.b64decode(data) if encoding == "base64" else data.encode()
 
@@ -149,11 +169,19 @@ class Client:
     """A synchronous client. Safe to share between threads."""
 
     def __init__(self, addr: Optional[str] = None, token: Optional[str] = None, timeout: float = 600.0,
-                 create_retries: int = 3):
+                 create_retries: int = 3, ca: Optional[str] = None):
+        """addr defaults to WARREN_ADDR, token to WARREN_TOKEN (or the local
+        admin-token file); ca is the CA file (PEM) that signed an https
+        server's certificate (default WARREN_CA; none: the system's roots)."""
         addr = addr or os.environ.get("WARREN_ADDR") or DEFAULT_ADDR
         if "://" not in addr:
             addr = "http://" + addr
         self.addr = addr.rstrip("/")
+        self.ca = ca if ca is not None else os.environ.get("WARREN_CA", "")
+        self._ssl = None
+        if self.addr.startswith("https://"):
+            self._ssl = ssl.create_default_context(cafile=self.ca or None)
+            self._ssl.minimum_version = ssl.TLSVersion.TLSv1_2
         self.token = token if token is not None else _default_token()
         self.timeout = timeout
         self.create_retries = create_retries
@@ -176,9 +204,13 @@ class Client:
         if data is not None:
             req.add_header("Content-Type", content_type)
         try:
-            return urllib.request.urlopen(req, timeout=self.timeout)
+            return urllib.request.urlopen(req, timeout=self.timeout, context=self._ssl)
         except urllib.error.HTTPError as e:
             raise _error_from(e) from None
+        except urllib.error.URLError as e:
+            if isinstance(e.reason, ssl.SSLError):
+                raise _tls_error(self.addr, e.reason) from None
+            raise
 
     def _json(self, method: str, path: str, **kw) -> Any:
         with self._request(method, path, **kw) as resp:
@@ -270,7 +302,19 @@ class Client:
     def _exec_body(argv, cmd, env, cwd, user, stdin, timeout, max_output) -> Dict[str, Any]:
         if (argv is None) == (cmd is None):
             raise ValueError("give exactly one of argv and cmd")
-        body: Dict[str, Any] = {"argv": list(argv)} if argv is not None else {"cmd": cmd}
+        if isinstance(argv, str):
+            # exec(sid, "ls -la") means the shell command, never the argv
+            # ["l", "s", " ", ...] that iterating the string would make.
+            argv, cmd = None, argv
+        if cmd is not None and not isinstance(cmd, str):
+            raise TypeError("cmd must be a str (a shell command), not %s" % type(cmd).__name__)
+        if argv is not None:
+            if isinstance(argv, (bytes, bytearray)) or not all(isinstance(a, str) for a in argv):
+                raise TypeError("argv must be a list of str (or a str, run by the shell)")
+            argv = list(argv)
+            if not argv:
+                raise ValueError("argv is empty")
+        body: Dict[str, Any] = {"argv": argv} if argv is not None else {"cmd": cmd}
         for k, v in (("env", env), ("cwd", cwd), ("user", user), ("timeout", timeout), ("max_output", max_output)):
             if v:
                 body[k] = v
@@ -282,14 +326,17 @@ class Client:
                 body["stdin"], body["stdin_encoding"] = base64.b64encode(raw).decode(), "base64"
         return body
 
-    def exec(self, sid: str, argv: Optional[List[str]] = None, *, cmd: Optional[str] = None,
+    def exec(self, sid: str, argv: Union[List[str], str, None] = None, *, cmd: Optional[str] = None,
              env: Optional[Dict[str, str]] = None, cwd: str = "", user: str = "", stdin: Any = None,
              timeout: Any = None, max_output: Any = None) -> ExecResult:
-        """Run a command and wait for it: stdout and stderr come back as bytes."""
+        """Run a command and wait for it: stdout and stderr come back as bytes.
+
+        argv is a list of str, run as is; a str is a shell command (as cmd=).
+        """
         body = self._exec_body(argv, cmd, env, cwd, user, stdin, timeout, max_output)
         return ExecResult.from_json(self._json("POST", f"/v1/sandboxes/{sid}/exec", body=body))
 
-    def exec_stream(self, sid: str, argv: Optional[List[str]] = None, *, cmd: Optional[str] = None,
+    def exec_stream(self, sid: str, argv: Union[List[str], str, None] = None, *, cmd: Optional[str] = None,
                     on_stdout: Optional[Callable[[bytes], None]] = None,
                     on_stderr: Optional[Callable[[bytes], None]] = None, **kw: Any) -> ExecResult:
         """Run a command, calling on_stdout/on_stderr with each chunk as it arrives."""
