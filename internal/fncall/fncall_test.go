@@ -496,7 +496,7 @@ func TestPlatformFault(t *testing.T) {
 	}()
 	killed := false
 	for deadline := time.Now().Add(10 * time.Second); !killed && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		boxes, _ := filepath.Glob(filepath.Join(cgroupRoot, "pids", s.cfg.CgroupParent, "fn-*", "cgroup.procs"))
+		boxes, _ := boxCgroups(t, s, "cgroup.procs")
 		for _, f := range boxes {
 			b, _ := os.ReadFile(f)
 			pids := strings.Fields(string(b))
@@ -541,7 +541,7 @@ func TestLauncherRestart(t *testing.T) {
 	<-old.dead
 	// Its containers died with it: no process is left in any cgroup.
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		procs, _ := filepath.Glob(filepath.Join(cgroupRoot, "pids", s.cfg.CgroupParent, "fn-*", "cgroup.procs"))
+		procs, _ := boxCgroups(t, s, "cgroup.procs")
 		left := 0
 		for _, f := range procs {
 			b, _ := os.ReadFile(f)
@@ -613,7 +613,7 @@ func TestCgroupsRecycled(t *testing.T) {
 		if c.Status != api.FnOK || c.PeakMemory < 7<<20 || c.PeakMemory > 64<<20 {
 			t.Fatalf("call %d: %+v", i, c)
 		}
-		dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, "pids", s.cfg.CgroupParent, "fn-*"))
+		dirs, _ := boxCgroups(t, s, "")
 		for _, d := range dirs {
 			seen[filepath.Base(d)] = true
 		}
@@ -633,6 +633,10 @@ func TestCPUCap(t *testing.T) {
 	capped := free
 	capped.Name, capped.CPUs = "sh-capped", 0.25
 	s := startService(t, map[string]backend.Layer{"busybox@1": l}, free, capped)
+	if v2, _ := cgroupMode(); v2 {
+		testCPUCapV2(t, s)
+		return
+	}
 	parent, err := cpuDir(s.cfg.CgroupParent)
 	if err != nil {
 		t.Fatal(err)
@@ -672,7 +676,13 @@ n=0; while [ $n -lt 60000 ]; do n=$((n+1)); done`
 	if err != nil || strings.TrimSpace(string(quota)) != "25000" {
 		t.Errorf("capped container's quota %q (%v), want 25000", quota, err)
 	}
-	// At a quarter of a CPU the same work takes about 4x its CPU time.
+	checkCapped(t, free1, capped1)
+}
+
+// checkCapped: at a quarter of a CPU the same work takes about 4x its CPU
+// time.
+func checkCapped(t *testing.T, free1, capped1 api.FnCaseResult) {
+	t.Helper()
 	if free1.CPUMs < 40 || capped1.CPUMs < 40 {
 		t.Fatalf("the loop is too short to tell: %d and %d ms of CPU", free1.CPUMs, capped1.CPUMs)
 	}
@@ -680,4 +690,78 @@ n=0; while [ $n -lt 60000 ]; do n=$((n+1)); done`
 	if capped1.WallMs < 2*capped1.CPUMs || free1.WallMs > 2*free1.CPUMs {
 		t.Errorf("capped: %d ms wall for %d ms CPU; uncapped: %d ms wall for %d ms CPU", capped1.WallMs, capped1.CPUMs, free1.WallMs, free1.CPUMs)
 	}
+}
+
+// boxCgroups lists the boxes' cgroup directories (or file name in each)
+// on either cgroup version: the pids hierarchy's on v1, the unified one's
+// on v2 (capped boxes in the parent, uncapped ones in its shared child).
+func boxCgroups(t *testing.T, s *Service, file string) ([]string, error) {
+	t.Helper()
+	v2, err := cgroupMode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parents []string
+	if v2 {
+		d, err := cgroupV2Dir(s.cfg.CgroupParent)
+		if err != nil {
+			t.Fatal(err)
+		}
+		parents = []string{d, filepath.Join(d, sharedDir)}
+	} else {
+		d, err := cgroupV1Dir("pids", s.cfg.CgroupParent)
+		if err != nil {
+			t.Fatal(err)
+		}
+		parents = []string{d}
+	}
+	var out []string
+	for _, p := range parents {
+		m, err := filepath.Glob(filepath.Join(p, "fn-*", file))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m...)
+	}
+	return out, nil
+}
+
+// testCPUCapV2 is TestCPUCap on cgroup v2: every box has one cgroup, an
+// uncapped one in the shared child of the service's parent (no cpu
+// controller of its own), a capped one directly in the parent with cpu.max.
+func testCPUCapV2(t *testing.T, s *Service) {
+	script := `grep '^0::' /proc/self/cgroup | cut -d: -f3
+n=0; while [ $n -lt 60000 ]; do n=$((n+1)); done`
+	runIn := func(rt string) (string, api.FnCaseResult) {
+		t.Helper()
+		req := sh(script)
+		req.Runtime = rt
+		c := one(t, run(t, s, req))
+		if c.Status != api.FnOK {
+			t.Fatalf("%s: %+v", rt, c)
+		}
+		return strings.TrimSpace(c.Stdout), c
+	}
+	parent := "/" + strings.Trim(s.cfg.CgroupParent, "/")
+	got, free1 := runIn("sh")
+	if !strings.HasPrefix(got, parent+"/"+sharedDir+"/fn-") {
+		t.Errorf("uncapped run in cgroup %q, want one under %s/%s", got, parent, sharedDir)
+	}
+	dir, err := cgroupV2Dir(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "cpu.max")); err == nil {
+		t.Errorf("uncapped box cgroup %s has the cpu controller", got)
+	}
+	got, capped1 := runIn("sh-capped")
+	if !strings.HasPrefix(got, parent+"/fn-") {
+		t.Fatalf("capped run in cgroup %q, want one directly under %s", got, parent)
+	}
+	dir, _ = cgroupV2Dir(got)
+	max, err := os.ReadFile(filepath.Join(dir, "cpu.max"))
+	if err != nil || strings.TrimSpace(string(max)) != "25000 100000" {
+		t.Errorf("capped container's cpu.max %q (%v), want 25000 100000", max, err)
+	}
+	checkCapped(t, free1, capped1)
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warrenhq/warren/internal/cgroup"
 	"github.com/warrenhq/warren/internal/testutil"
 )
 
@@ -17,26 +18,28 @@ import (
 // the unified hierarchy of a hybrid one), cgroup v2.
 func TestExecCgroupModes(t *testing.T) {
 	testutil.RequireRoot(t)
-	modes := map[string]execCgroup{}
-	if exists("/sys/fs/cgroup/cgroup.kill") || exists("/sys/fs/cgroup/cgroup.controllers") {
-		modes["v2"] = execCgroup{v2: true, base: "/sys/fs/cgroup"}
-	} else if exists("/sys/fs/cgroup/unified/cgroup.procs") {
-		modes["v2"] = execCgroup{v2: true, base: "/sys/fs/cgroup/unified"}
+	modes := map[string]cgroup.Dir{}
+	l, err := cgroup.Host()
+	if err != nil {
+		t.Fatal(err)
 	}
-	if exists("/sys/fs/cgroup/freezer/freezer.state") || exists("/sys/fs/cgroup/freezer/cgroup.procs") {
-		modes["v1"] = execCgroup{base: "/sys/fs/cgroup/freezer"}
+	if l.Unified != "" {
+		modes["v2"] = cgroup.Dir{Path: l.Unified, V2: true}
+	}
+	if p, ok := l.V1["freezer"]; ok {
+		modes["v1"] = cgroup.Dir{Path: p}
 	}
 	if len(modes) == 0 {
 		testutil.Unavailable(t, "no cgroup hierarchy to test")
 	}
 	for name, root := range modes {
 		t.Run(name, func(t *testing.T) {
-			base := filepath.Join(root.base, "warren-test-"+randomHex(4))
-			if err := os.Mkdir(base, 0o755); err != nil {
+			base := root.Child("warren-test-" + randomHex(4))
+			if err := base.Mkdir(); err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { os.Remove(base) })
-			cg := execCgroup{v2: root.v2, base: base}
+			t.Cleanup(func() { base.Destroy(context.Background()) })
+			cg := execCgroup{base: base}
 			ctx := context.Background()
 
 			// start runs a shell that forks two sleeps once it is in sub.
