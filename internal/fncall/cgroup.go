@@ -53,24 +53,29 @@ var cgroupMode = sync.OnceValues(func() (v2 bool, err error) {
 	if err != nil {
 		return false, errdefs.Unavailable("fncall: %v", err)
 	}
+	return chooseMode(l, l.UnifiedControllers(), func(dir string) bool { return exists(filepath.Join(dir, "cgroup.procs")) })
+})
+
+// chooseMode is cgroupMode's choice for layout l, whose unified hierarchy
+// offers unified; usable says whether a v1 hierarchy's root is usable.
+func chooseMode(l *hostcg.Layout, unified []string, usable func(dir string) bool) (v2 bool, err error) {
 	var missing []string
 	for _, c := range controllers {
-		if d, ok := l.V1Dir(c, "/"); !ok || !exists(filepath.Join(d, "cgroup.procs")) {
+		if d, ok := l.V1Dir(c, "/"); !ok || !usable(d) {
 			missing = append(missing, c)
 		}
 	}
 	if len(missing) == 0 {
 		return false, nil
 	}
-	have := l.UnifiedControllers()
 	for _, c := range v2Controllers {
-		if !slices.Contains(have, c) {
-			return false, errdefs.Unavailable("fncall needs the %v controllers in cgroup v1 hierarchies or in the unified (v2) hierarchy; this host (%s) has v1 without %v and v2 with %v",
-				controllers, l.Mode, missing, have)
+		if !slices.Contains(unified, c) {
+			return false, errdefs.Unavailable("fncall needs the %v controllers in cgroup v1 hierarchies or %v in the unified (v2) hierarchy; this host (%s) has v1 without %v and v2 with %v",
+				controllers, v2Controllers, l.Mode, missing, unified)
 		}
 	}
 	return true, nil
-})
+}
 
 // cgroupV1Dir is path's directory in the v1 hierarchy of controller.
 func cgroupV1Dir(controller, path string) (string, error) {
