@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/cgroup"
 	"github.com/warrenhq/warren/internal/testutil"
 )
@@ -111,4 +112,55 @@ func TestExecCgroupModes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDestroyFrozen: a sandbox whose exec cgroup and own cgroup were left
+// frozen (by an agent that died mid-kill, or by hand) with a process
+// blocked on a FIFO is still destroyed at once, leaving nothing behind.
+func TestDestroyFrozen(t *testing.T) {
+	h := newHarness(t)
+	h.start(h.spec("frozen-1"))
+	s := h.c.sandboxes["frozen-1"]
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.c.Exec(context.Background(), "frozen-1", backend.ExecRequest{
+			Argv: []string{"sh", "-c", "mkfifo /tmp/f; sleep 1000 & cat /tmp/f"}, Timeout: time.Hour})
+	}()
+	var sub string
+	deadline := time.Now().Add(10 * time.Second)
+	for sub == "" {
+		if subs, _ := s.cg.subs(); len(subs) == 1 {
+			if pids, _ := s.cg.procs(subs[0]); len(pids) >= 2 {
+				sub = subs[0]
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the exec never started")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ctx := context.Background()
+	if err := s.cg.sub(sub).Freeze(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.cg.base.Freeze(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := h.c.Destroy(dctx, "frozen-1"); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("Destroy took %v", d)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Error("the exec did not return after Destroy")
+	}
+	h.assertGone("frozen-1")
 }

@@ -398,6 +398,10 @@ func (c *Container) deleteRuntime(ctx context.Context, id string, s *sandbox) er
 		if err := cg.cleanup(wctx); err != nil {
 			errs = append(errs, err)
 		}
+		// And whatever else is left in the container's cgroup.
+		if err := cg.base.Kill(wctx); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := init.wait(wctx); err != nil {
 		return errors.Join(append(errs, fmt.Errorf("wait for init of %s to die: %w", id, err))...)
