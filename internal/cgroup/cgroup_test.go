@@ -251,4 +251,3 @@ func procState(pid int) string {
 	}
 	return ""
 }
-

@@ -207,11 +207,17 @@ func newCgroup(parent, name string) (*cgroup, error) {
 
 // newCgroupV2 makes the v2 cgroup dir and opens its files.
 func newCgroupV2(dir string, capped bool) (*cgroup, error) {
-	cg := &cgroup{v2: true, dirs: map[string]string{"": dir}, path: dir, cpuProcs: -1, capped: capped}
-	cg.clearFiles()
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("cgroup: %w", err)
 	}
+	return openCgroupV2(dir, capped)
+}
+
+// openCgroupV2 opens the files of the v2 cgroup dir; on error it is
+// removed.
+func openCgroupV2(dir string, capped bool) (*cgroup, error) {
+	cg := &cgroup{v2: true, dirs: map[string]string{"": dir}, path: dir, cpuProcs: -1, capped: capped}
+	cg.clearFiles()
 	var err error
 	open := func(name string, flag int) ctlFile {
 		if err != nil {
