@@ -139,8 +139,11 @@ type cgroup struct {
 
 	// v2: capped boxes' cgroups have the cpu controller (cpu.max); the
 	// peak resets (memory.peak writable, Linux >= 6.12), else the cgroup
-	// is not recycled, so that its peak is its own box's.
+	// is not recycled, so that its lifetime peak is its own box's.
 	capped, peakResets bool
+	// v2 without a resettable peak: the lifetime memory.peak before the
+	// run, and the most memory.current the run was seen at (sample).
+	peakBefore, sampled int64
 
 	// last are the counters the previous run ended with: nothing between
 	// two runs (a box's teardown, the next one's setup by pid 1 alone)
@@ -245,8 +248,7 @@ func openCgroupV2(dir string, capped bool) (*cgroup, error) {
 		return nil, fmt.Errorf("cgroup files: %w", err)
 	}
 	// memory.peak: resettable through its descriptor since Linux 6.12,
-	// read-only since 5.19, absent before (the peak is then the usage
-	// after the run, an underestimate).
+	// read-only since 5.19 (a lifetime peak), absent before: see sample.
 	if cg.memMax, err = hostcg.Open(dir, "memory.peak", os.O_RDWR); err == nil {
 		cg.peakResets = cg.memMax.WriteString("0") == nil
 	} else {
@@ -443,8 +445,45 @@ func (cg *cgroup) before() (c counters, err error) {
 	if c.cpuNs, err = cg.cpuNs(); err != nil {
 		return c, err
 	}
-	c.memory, err = readInt(cg.memUsage)
+	if c.memory, err = readInt(cg.memUsage); err != nil {
+		return c, err
+	}
+	if cg.v2 && !cg.peakResets {
+		cg.sampled, cg.peakBefore = c.memory, 0
+		if cg.memMax >= 0 {
+			cg.peakBefore, err = readInt(cg.memMax)
+		}
+	}
 	return c, err
+}
+
+// sample notes the memory in use during a run, where the kernel keeps no
+// resettable peak (v2 before Linux 6.12): the run's peak is then the
+// lifetime memory.peak if the run raised it, else the most seen here.
+func (cg *cgroup) sample() {
+	if cg.v2 && !cg.peakResets {
+		if v, err := readInt(cg.memUsage); err == nil {
+			cg.sampled = max(cg.sampled, v)
+		}
+	}
+}
+
+// v2Peak is a v2 run's peak memory.
+func (cg *cgroup) v2Peak() (int64, error) {
+	if cg.peakResets {
+		return readInt(cg.memMax)
+	}
+	cg.sample()
+	if cg.memMax >= 0 {
+		lifetime, err := readInt(cg.memMax)
+		if err != nil {
+			return 0, err
+		}
+		if lifetime > cg.peakBefore { // reached during this run
+			return lifetime, nil
+		}
+	}
+	return cg.sampled, nil
 }
 
 // after reads the counters a run changed. (memory.failcnt alone does not
@@ -454,12 +493,7 @@ func (cg *cgroup) after() (c counters, err error) {
 		return c, err
 	}
 	if cg.v2 {
-		if cg.memMax >= 0 {
-			c.peak, err = readInt(cg.memMax)
-		} else {
-			c.peak, err = readInt(cg.memUsage)
-		}
-		if err != nil {
+		if c.peak, err = cg.v2Peak(); err != nil {
 			return c, err
 		}
 		if c.failcnt, c.oomKill, err = cg.oomControl.Keyed2("max", "oom_kill"); err != nil {

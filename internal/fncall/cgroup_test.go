@@ -109,6 +109,29 @@ func TestCgroupV2Files(t *testing.T) {
 		t.Errorf("after: %+v %v; want %+v", after, err, want)
 	}
 
+	// A kernel whose memory.peak does not reset (before 6.12): the run's
+	// peak is the lifetime one if the run raised it, else the most
+	// memory.current seen during the run.
+	cg.peakResets = false
+	os.WriteFile(filepath.Join(dir, "memory.current"), []byte("2000000\n"), 0o644)
+	if _, err := cg.before(); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "memory.current"), []byte("3000000\n"), 0o644)
+	cg.sample()
+	os.WriteFile(filepath.Join(dir, "memory.current"), []byte("2500000\n"), 0o644)
+	if after, err := cg.after(); err != nil || after.peak != 3000000 {
+		t.Errorf("peak below the lifetime one: %d %v, want the sampled 3000000", after.peak, err)
+	}
+	cg.before()
+	os.WriteFile(filepath.Join(dir, "memory.peak"), []byte("5000000\n"), 0o644)
+	if after, err := cg.after(); err != nil || after.peak != 5000000 {
+		t.Errorf("peak raising the lifetime one: %d %v, want 5000000", after.peak, err)
+	}
+	if cg.recyclable() {
+		t.Error("a cgroup whose peak cannot reset is recycled")
+	}
+
 	uncapped, err := openCgroupV2(dir, false)
 	if err != nil {
 		t.Fatal(err)
