@@ -711,12 +711,12 @@ func checkCapped(t *testing.T, free1, capped1 api.FnCaseResult) {
 		t.Fatalf("the loop is too short to tell: %d and %d ms of CPU", free1.CPUMs, capped1.CPUMs)
 	}
 	t.Logf("capped: %d ms wall for %d ms CPU; uncapped: %d ms wall for %d ms CPU", capped1.WallMs, capped1.CPUMs, free1.WallMs, free1.CPUMs)
-	// A loaded machine stretches the uncapped run's wall time too: it
-	// fails only if no faster than the capped one (the cgroup checks
-	// above say it has no cap of its own).
-	freeRatio, cappedRatio := float64(free1.WallMs)/float64(free1.CPUMs), float64(capped1.WallMs)/float64(capped1.CPUMs)
-	if cappedRatio < 2 || freeRatio > 2 && freeRatio >= cappedRatio {
-		t.Errorf("capped: %d ms wall for %d ms CPU; uncapped: %d ms wall for %d ms CPU", capped1.WallMs, capped1.CPUMs, free1.WallMs, free1.CPUMs)
+	// Load only stretches a run's wall time, so the capped run's stretch
+	// is a safe check; the uncapped run's is not (a loaded machine, such
+	// as another test package running beside this one, stretches it
+	// 5-10x): that it has no cap is checked by its cgroup above.
+	if capped1.WallMs < 2*capped1.CPUMs {
+		t.Errorf("capped: %d ms wall for %d ms CPU, want at least 2x at a quarter of a CPU", capped1.WallMs, capped1.CPUMs)
 	}
 }
 
