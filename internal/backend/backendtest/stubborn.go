@@ -90,6 +90,7 @@ func (s *suite) stubbornCase(t *testing.T, script, how string, d time.Duration) 
 	}
 	req := backend.ExecRequest{Argv: []string{"sh", "-c", script}, Cwd: "/", Timeout: d}
 	ec := c
+	start := time.Now()
 	if how == "Cancel" {
 		req.Timeout = d + time.Hour
 		var stop context.CancelFunc
@@ -97,7 +98,6 @@ func (s *suite) stubbornCase(t *testing.T, script, how string, d time.Duration) 
 		defer stop()
 		time.AfterFunc(d, stop)
 	}
-	start := time.Now()
 	out, err := exec(ec, s.b, spec.ID, req)
 	took := time.Since(start)
 	if took > d+killWithin {
