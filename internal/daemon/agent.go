@@ -60,6 +60,9 @@ type AgentConfig struct {
 	// Default <DataDir>/blobs.
 	Blobs  string
 	Limits node.Limits
+	// DefaultDisk limits the writable layer of a sandbox that asks for no
+	// disk limit (0: none); Agent fails if no backend can enforce it.
+	DefaultDisk int64
 	// Backend is "container" (default), or "fake" to run a simulated node
 	// (tests and control-plane benchmarks).
 	Backend string
@@ -133,6 +136,7 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 		Backends: []backend.Backend{b},
 		Layers:   cache,
 		Limits:   cfg.Limits,
+		Defaults: node.Defaults{Disk: cfg.DefaultDisk},
 		Log:      log,
 	})
 	if err != nil {

@@ -57,7 +57,9 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 	}()
 
 	dir := c.dir(id)
-	if err := os.Mkdir(dir, 0o700); err != nil {
+	// The sandbox directory holds the overlay's upper and work dirs: its
+	// disk limit is the writable layer's (disk.go).
+	if err := c.quota.Create(dir, diskLimit(spec.Resources)); err != nil {
 		if errors.Is(err, os.ErrExist) {
 			return errdefs.New(errdefs.ErrConflict, "sandbox_exists", "sandbox %s already exists on disk", id)
 		}
@@ -130,7 +132,7 @@ func validateSpec(spec backend.Spec) error {
 		return errdefs.Invalid("sandbox %s: no layers", spec.ID)
 	}
 	r := spec.Resources
-	if r.CPU < 0 || r.Memory < 0 || r.PIDs < 0 {
+	if r.CPU < 0 || r.Memory < 0 || r.PIDs < 0 || r.Disk < 0 || r.DiskInodes < 0 {
 		return errdefs.Invalid("sandbox %s: negative resources %+v", spec.ID, r)
 	}
 	if r.CPU > 0 && r.CPU*cfsPeriod < 1000 {
@@ -363,7 +365,7 @@ func (c *Container) removeDir(id string) error {
 	} else if mounted {
 		return fmt.Errorf("%s is still mounted", root)
 	}
-	return os.RemoveAll(c.dir(id))
+	return c.quota.Remove(c.dir(id)) // with its disk limit, if any
 }
 
 // deleteRuntime kills the container if it runs and removes its runc state
