@@ -33,6 +33,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -73,8 +74,7 @@ type Quota struct {
 	prj *projects // xfs and ext4
 }
 
-// Detect returns the Quota for directories directly under base (which must
-// exist), using what base's filesystem offers. It never fails: a
+// Detect returns the Quota for directories under base (which must exist), using what base's filesystem offers. It never fails: a
 // filesystem without quotas gives a Quota whose Mechanism is None, with
 // Reason saying why. Cost: a statfs and, on xfs or ext4, one quotactl.
 func Detect(base string) *Quota {
@@ -132,8 +132,8 @@ func DefaultInodes(bytes int64) int64 {
 	return max(bytes/(16<<10), 1024)
 }
 
-// Create makes the directory path (mode 0700; its parent must be the base
-// directory) limited to l. A zero l makes a plain directory. An existing
+// Create makes the directory path (mode 0700, under the base directory,
+// on its filesystem) limited to l. A zero l makes a plain directory. An existing
 // path is an error wrapping os.ErrExist; a limit the filesystem cannot
 // enforce is ErrUnavailable (code disk_quota_unsupported); a negative one
 // ErrInvalid. On error nothing is left behind.
@@ -141,8 +141,8 @@ func (q *Quota) Create(path string, l Limit) error {
 	if l.Bytes < 0 || l.Inodes < 0 {
 		return errdefs.Invalid("disk limit %+v: negative", l)
 	}
-	if filepath.Dir(filepath.Clean(path)) != q.base {
-		return errdefs.Invalid("disk quota: %s is not directly under %s", path, q.base)
+	if !strings.HasPrefix(filepath.Clean(path), q.base+"/") {
+		return errdefs.Invalid("disk quota: %s is not under %s", path, q.base)
 	}
 	if l.IsZero() {
 		return os.Mkdir(path, 0o700)

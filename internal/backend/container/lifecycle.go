@@ -57,16 +57,18 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 	}()
 
 	dir := c.dir(id)
-	// The sandbox directory holds the overlay's upper and work dirs: its
-	// disk limit is the writable layer's (disk.go).
-	if err := c.quota.Create(dir, diskLimit(spec.Resources)); err != nil {
+	if err := os.Mkdir(dir, 0o700); err != nil {
 		if errors.Is(err, os.ErrExist) {
 			return errdefs.New(errdefs.ErrConflict, "sandbox_exists", "sandbox %s already exists on disk", id)
 		}
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	undo = append(undo, func() error { return c.removeDir(id) })
-	upper, work, root := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "rootfs")
+	rw, err := c.prepareWritable(id, spec.Resources) // disk.go
+	if err != nil {
+		return fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	upper, work, root := filepath.Join(rw, "upper"), filepath.Join(rw, "work"), filepath.Join(dir, "rootfs")
 	for _, d := range []string{upper, work, root} {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			return fmt.Errorf("create sandbox %s: %w", id, err)
@@ -365,7 +367,10 @@ func (c *Container) removeDir(id string) error {
 	} else if mounted {
 		return fmt.Errorf("%s is still mounted", root)
 	}
-	return c.quota.Remove(c.dir(id)) // with its disk limit, if any
+	if err := c.releaseWritable(id); err != nil { // disk.go
+		return err
+	}
+	return os.RemoveAll(c.dir(id))
 }
 
 // deleteRuntime kills the container if it runs and removes its runc state
