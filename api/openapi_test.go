@@ -104,6 +104,8 @@ func TestOpenAPIMatchesTypes(t *testing.T) {
 		"FnBatchItem":    api.FnBatchItem{},
 		"FnRuntime":      api.FnRuntime{},
 		"FnRuntimeList":  api.FnRuntimeList{},
+		"SandboxStats":   api.SandboxStats{},
+		"ExecEvent":      api.ExecEvent{},
 	} {
 		s, ok := doc.Components.Schemas[name]
 		if !ok {
@@ -119,7 +121,7 @@ func TestOpenAPIMatchesTypes(t *testing.T) {
 			t.Errorf("schema %s has properties %v; the Go type has %v", name, documented, want)
 		}
 	}
-	for _, p := range []string{"/v1/fn/run", "/v1/fn/batch", "/v1/fn/runtimes"} {
+	for _, p := range []string{"/v1/fn/run", "/v1/fn/batch", "/v1/fn/runtimes", "/v1/sandboxes/{id}/stats"} {
 		if _, ok := doc.Paths[p]; !ok {
 			t.Errorf("path %s is not documented", p)
 		}

@@ -208,6 +208,9 @@ type ExecEvent struct {
 	Encoding string      `json:"encoding,omitempty"`
 	Result   *ExecResult `json:"result,omitempty"`
 	Error    *Error      `json:"error,omitempty"`
+	// Status is, with Error, the HTTP status the error would have had
+	// before the stream started, so its kind survives the stream.
+	Status int `json:"status,omitempty"`
 }
 
 // FileInfo describes a path inside a sandbox (HEAD/GET on files sets the
@@ -217,6 +220,19 @@ type FileInfo struct {
 	Size  int64  `json:"size"`
 	Mode  uint32 `json:"mode"` // permission bits
 	IsDir bool   `json:"is_dir"`
+}
+
+// SandboxStats is a sandbox's resource use now (GET
+// /v1/sandboxes/{id}/stats), as its cgroups count it.
+type SandboxStats struct {
+	// CPUSeconds is the CPU time its processes used, ever.
+	CPUSeconds float64 `json:"cpu_seconds"`
+	// Memory is what it holds now, page cache included; MemoryPeak the
+	// most it ever held (0 where the host does not say).
+	Memory     int64 `json:"memory"`
+	MemoryPeak int64 `json:"memory_peak"`
+	// PIDs counts its processes and threads now.
+	PIDs int64 `json:"pids"`
 }
 
 // Image is an environment as a sandbox starts from it: its layers resolved
@@ -426,6 +442,7 @@ const (
 	CodeLayerNotFound      = "layer_not_found"     // 404
 	CodeEnvNotFound        = "env_not_found"       // 404
 	CodeFileNotFound       = "file_not_found"      // 404
+	CodeNotSupported       = "not_supported"       // 400: the sandbox's backend has no such call
 	CodeConflict           = "conflict"            // 409
 	CodeLayerExists        = "layer_exists"        // 409
 	CodeEnvExists          = "env_exists"          // 409

@@ -100,6 +100,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Hostname", s.testHostname)
 	t.Run("Limits", s.testLimits)
 	t.Run("Recover", s.testRecover)
+	t.Run("Stats", s.testStats)
 }
 
 type suite struct {

@@ -65,6 +65,12 @@ class ClientTest(unittest.TestCase):
         with tarfile.open(fileobj=io.BytesIO(self.c.read_tar(sid, "/work/pkg")), mode="r") as tf:
             self.assertIn("pkg/mod.py", tf.getnames())
 
+    def test_stats(self):
+        self.c.exec(self.sb["id"], cmd="sleep 30 >/dev/null 2>&1 &")
+        st = self.c.stats(self.sb["id"])
+        self.assertGreaterEqual(st["pids"], 1)
+        self.assertEqual(set(st), {"cpu_seconds", "memory", "memory_peak", "pids"})
+
     def test_list(self):
         ids = [s["id"] for s in self.c.list_sandboxes(labels={"suite": "python"})]
         self.assertEqual(ids, [self.sb["id"]])

@@ -292,7 +292,7 @@ class Client:
             for ev in _ndjson(resp):
                 if "error" in ev:
                     e = ev["error"]
-                    raise _error(0, e.get("code", ""), e.get("message", ""))
+                    raise _error(ev.get("status", 0), e.get("code", ""), e.get("message", ""))
                 if "result" in ev:
                     return ExecResult.from_json(ev["result"], bytes(out), bytes(err))
                 data = _decode(ev.get("data", ""), ev.get("encoding", ""))
@@ -329,6 +329,10 @@ class Client:
 
     def stat(self, sid: str, path: str) -> Dict[str, Any]:
         return self._json("GET", f"/v1/sandboxes/{sid}/stat", query={"path": path})
+
+    def stats(self, sid: str) -> Dict[str, Any]:
+        """A running sandbox's resource use now: cpu_seconds, memory, memory_peak (bytes), pids."""
+        return self._json("GET", f"/v1/sandboxes/{sid}/stats")
 
     # -- images, nodes ----------------------------------------------------
 
