@@ -255,30 +255,69 @@ func TestProjectQuota(t *testing.T) {
 			if err := os.Mkdir(filepath.Join(a, "sub"), 0o755); err != nil {
 				t.Fatal(err)
 			}
-			n, err := fill(t, filepath.Join(a, "sub", "big"), 64*mib)
+			id, err := q.prj.projectOf(a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var fx fsxattr
+			q.prj.getXattr(filepath.Join(a, "sub"), &fx)
+			// As the overlay writes: without CAP_SYS_RESOURCE, which ext4
+			// lets pass hard limits (Bind).
+			var n int64
+			err = withoutResourceCap(func() error {
+				var err error
+				n, err = fill(t, filepath.Join(a, "sub", "big"), 64*mib)
+				return err
+			})
 			if !quotaErr(err) || n < 12*mib || n > 17*mib {
-				t.Fatalf("64 MiB under a 16 MiB limit: wrote %d, got %v; want EDQUOT near 16 MiB", n, err)
+				l, lerr := q.prj.get(id)
+				t.Fatalf("64 MiB under a 16 MiB limit: wrote %d, got %v; want EDQUOT near 16 MiB (project %d: %+v, %v; sub: projid %d, xflags %#x)",
+					n, err, id, l, lerr, fx.projid, fx.xflags)
 			}
 			if n, err := fill(t, filepath.Join(c, "big"), 8*mib); err != nil {
 				t.Fatalf("second limited dir: wrote %d: %v", n, err)
 			}
 			i := 0
-			for ; i < 1000; i++ {
-				f, err2 := os.Create(filepath.Join(a, fmt.Sprintf("f%d", i)))
-				if err2 != nil {
-					err = err2
-					break
+			err = withoutResourceCap(func() error {
+				for ; i < 1000; i++ {
+					f, err := os.Create(filepath.Join(a, fmt.Sprintf("f%d", i)))
+					if err != nil {
+						return err
+					}
+					f.Close()
 				}
-				f.Close()
-			}
+				return nil
+			})
 			if !quotaErr(err) || i > 100 {
 				t.Fatalf("created %d files under a 100 inode limit: %v", i, err)
 			}
-			id, err := q.prj.projectOf(a)
-			if err != nil {
+			// The sandbox's path: an overlay whose upper and work dirs are
+			// in a limited dir, written through by root (as exec and file
+			// calls do) is held to the limit.
+			ov := filepath.Join(b, "ov")
+			lim := Limit{Bytes: 16 * mib, Inodes: 100}
+			if err := q.Create(ov, lim); err != nil {
 				t.Fatal(err)
 			}
-			for _, d := range []string{a, c} {
+			lower, merged := t.TempDir(), t.TempDir()
+			for _, d := range []string{"upper", "work"} {
+				if err := os.Mkdir(filepath.Join(ov, d), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err = q.Bind(lim, func() error {
+				return unix.Mount("overlay", merged, "overlay", 0,
+					"lowerdir="+lower+",upperdir="+filepath.Join(ov, "upper")+",workdir="+filepath.Join(ov, "work"))
+			})
+			if err != nil {
+				t.Fatalf("mount overlay: %v", err)
+			}
+			n, err = fill(t, filepath.Join(merged, "big"), 64*mib)
+			unix.Unmount(merged, 0)
+			if !quotaErr(err) || n < 12*mib || n > 17*mib {
+				t.Fatalf("through an overlay: 64 MiB under a 16 MiB limit: wrote %d, got %v; want EDQUOT near 16 MiB", n, err)
+			}
+			for _, d := range []string{a, c, ov} {
 				if err := q.Remove(d); err != nil {
 					t.Fatal(err)
 				}

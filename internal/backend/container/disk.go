@@ -32,7 +32,7 @@ func (c *Container) DiskQuota() backend.DiskQuota {
 // disk_quota_unsupported) for a limit this host cannot enforce.
 func (c *Container) prepareWritable(id string, r backend.Resources) (string, error) {
 	rw := c.writableDir(id)
-	if err := c.quota.Create(rw, diskquota.Limit{Bytes: r.Disk, Inodes: r.DiskInodes}); err != nil {
+	if err := c.quota.Create(rw, diskLimit(r)); err != nil {
 		return "", err
 	}
 	return rw, nil
@@ -43,6 +43,10 @@ func (c *Container) prepareWritable(id string, r backend.Resources) (string, err
 // before it existed, or never created) is fine.
 func (c *Container) releaseWritable(id string) error {
 	return c.quota.Remove(c.writableDir(id))
+}
+
+func diskLimit(r backend.Resources) diskquota.Limit {
+	return diskquota.Limit{Bytes: r.Disk, Inodes: r.DiskInodes}
 }
 
 func (c *Container) writableDir(id string) string { return filepath.Join(c.dir(id), "rw") }

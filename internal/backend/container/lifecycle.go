@@ -86,7 +86,9 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 		lower[len(lower)-1-i] = mp // overlayfs wants the top layer first
 	}
 
-	if err := mountOverlay(lower, upper, work, root); err != nil {
+	// Bind: on ext4 the overlay must not write as root with CAP_SYS_RESOURCE,
+	// or it would pass the disk limit (disk.go).
+	if err := c.quota.Bind(diskLimit(spec.Resources), func() error { return mountOverlay(lower, upper, work, root) }); err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	undo = append(undo, func() error { return unmountAll(root) })
