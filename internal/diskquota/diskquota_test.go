@@ -203,44 +203,10 @@ func TestNoQuota(t *testing.T) {
 	}
 }
 
-// projectFS mounts a loop image of kind (xfs or ext4) with project quotas
-// on, or skips saying exactly why this kernel or host cannot. It skips
-// even under WARREN_TEST_STRICT: the machines CI runs on have a kernel
-// without XFS and ext4 quota support (mounting with prjquota fails), a
-// fact of the host rather than a missing install step.
-func projectFS(t *testing.T, kind Mechanism) string {
-	testutil.RequireRoot(t)
-	mkfs := map[Mechanism][]string{
-		XFS:  {"mkfs.xfs", "-q", "-f"},
-		Ext4: {"mkfs.ext4", "-q", "-F", "-O", "quota,project"},
-	}[kind]
-	testutil.RequireBinary(t, mkfs[0], "mount")
-	dir := t.TempDir()
-	img, mnt := filepath.Join(dir, "img"), filepath.Join(dir, "mnt")
-	if err := os.WriteFile(img, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(img, 512*mib); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(mkfs[0], append(mkfs[1:], img)...).CombinedOutput(); err != nil {
-		t.Skipf("%s cannot make a %s image with project quotas here: %v: %s", mkfs[0], kind, err, out)
-	}
-	if err := os.Mkdir(mnt, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("mount", "-o", "loop,prjquota", img, mnt).CombinedOutput(); err != nil {
-		t.Skipf("this kernel cannot mount %s with project quotas (mount -o loop,prjquota: %v: %s); the %s path runs where it can",
-			kind, err, strings.TrimSpace(string(out)), kind)
-	}
-	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
-	return mnt
-}
-
 func TestProjectQuota(t *testing.T) {
 	for _, kind := range []Mechanism{XFS, Ext4} {
 		t.Run(string(kind), func(t *testing.T) {
-			b := base(t, projectFS(t, kind))
+			b := base(t, testutil.ProjectQuotaDir(t, string(kind), 512*mib))
 			q := Detect(b)
 			if q.Mechanism() != kind || !q.Inodes() {
 				t.Fatalf("Detect: got %q (inodes %v, reason %q), want %s with inode limits", q.Mechanism(), q.Inodes(), q.Reason(), kind)

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/backend"
@@ -25,18 +26,24 @@ func newBtrfsHarness(t *testing.T) (*harness, string) {
 	t.Helper()
 	testutil.RequireContainers(t)
 	mnt := testutil.BtrfsDir(t, 1<<30) // unmounted after the harness's cleanup
+	return newHarnessOn(t, mnt), mnt
+}
+
+// newHarnessOn is a harness whose state directory is under mnt.
+func newHarnessOn(t *testing.T, mnt string) *harness {
+	t.Helper()
 	h := &harness{t: t, layer: imagetest.BusyboxLayer(t)}
 	h.cfg = Config{StateDir: filepath.Join(mnt, "state"), CgroupParent: "/warren-test/" + randomHex(4)}
 	h.c = h.newContainer()
 	t.Cleanup(h.cleanup)
-	return h, mnt
+	return h
 }
 
 // fillSandbox writes up to 200 MiB to path inside id with dd and returns
 // the file's size and dd's stderr.
 func (h *harness) fillSandbox(id, path string) (int64, string) {
 	h.t.Helper()
-	out := h.exec(id, backend.ExecRequest{Argv: []string{"sh", "-c",
+	out := h.exec(id, backend.ExecRequest{Timeout: 3 * time.Minute, Argv: []string{"sh", "-c", // slow under TCG
 		"dd if=/dev/zero of=" + path + " bs=1M count=200 2>&1; echo rc=$?; sync; wc -c < " + path}})
 	lines := strings.Split(strings.TrimSpace(out.stdout), "\n")
 	n, err := strconv.ParseInt(strings.TrimSpace(lines[len(lines)-1]), 10, 64)
@@ -177,5 +184,61 @@ func TestDiskUnsupported(t *testing.T) {
 	h.assertGone("nodisk-a")
 	if _, err := os.Stat(h.c.dir("nodisk-a")); !os.IsNotExist(err) {
 		t.Fatalf("sandbox dir after a refused create: %v", err)
+	}
+}
+
+// The same on xfs and ext4 project quotas, inodes included. It runs where
+// the kernel has them (not on this project's machines: see
+// testutil.ProjectQuotaDir, and scripts/test-cgroup-v2's Debian guest for
+// one that has).
+func TestDiskLimitProjectQuota(t *testing.T) {
+	for _, fs := range []string{api.DiskQuotaXFS, api.DiskQuotaExt4} {
+		t.Run(fs, func(t *testing.T) {
+			testutil.RequireContainers(t)
+			mnt := testutil.ProjectQuotaDir(t, fs, 1<<30)
+			h := newHarnessOn(t, mnt)
+			if dq := h.c.DiskQuota(); dq.Mechanism != fs || !dq.Inodes {
+				t.Fatalf("DiskQuota on %s: %+v", fs, dq)
+			}
+			ctx := context.Background()
+			limited := h.spec("prj-a")
+			limited.Resources.Disk, limited.Resources.DiskInodes = 50*mib, 200
+			h.start(limited)
+			h.start(h.spec("prj-free"))
+			n, dd := h.fillSandbox("prj-a", "/big")
+			if !strings.Contains(dd, "Disk quota exceeded") && !strings.Contains(dd, "No space left") || n < 40*mib || n > 50*mib {
+				t.Fatalf("dd of 200 MiB under a 50 MiB limit: %d bytes:\n%s", n, dd)
+			}
+			if n, dd := h.fillSandbox("prj-free", "/big"); n != 200*mib {
+				t.Errorf("unlimited sandbox wrote %d bytes, want 200 MiB:\n%s", n, dd)
+			}
+			h.sh("prj-a", "rm /big")
+			out := h.exec("prj-a", backend.ExecRequest{Argv: []string{"sh", "-c",
+				"mkdir /many && cd /many && seq 1 1000 | xargs touch 2>&1 | tail -1; ls | wc -l"}})
+			lines := strings.Split(strings.TrimSpace(out.stdout), "\n")
+			files, err := strconv.Atoi(strings.TrimSpace(lines[len(lines)-1]))
+			// xfs answers ENOSPC for project quotas, ext4 EDQUOT.
+			if err != nil || !strings.Contains(out.stdout, "Disk quota exceeded") && !strings.Contains(out.stdout, "No space left") || files >= 200 {
+				t.Fatalf("1000 files under a 200 inode limit: %d files, %v:\n%s", files, err, out.stdout)
+			}
+			// A new agent process keeps the limit.
+			h.c = h.newContainer()
+			if _, err := h.c.Recover(ctx, limited); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := h.c.Recover(ctx, h.spec("prj-free")); err != nil {
+				t.Fatal(err)
+			}
+			h.sh("prj-a", "rm -r /many")
+			if n, dd := h.fillSandbox("prj-a", "/again"); n < 40*mib || n > 50*mib {
+				t.Fatalf("after recover: %d bytes:\n%s", n, dd)
+			}
+			for _, id := range []string{"prj-a", "prj-free"} {
+				if err := h.c.Destroy(ctx, id); err != nil {
+					t.Fatal(err)
+				}
+				h.assertGone(id)
+			}
+		})
 	}
 }
