@@ -112,8 +112,8 @@ func volArgs(name string) (*btrfsVolArgs, error) {
 // enableBtrfs turns quotas on for the filesystem, once: enabling is
 // idempotent in the kernel, but it costs a transaction.
 func (q *Quota) enableBtrfs() error {
-	q.btrfsOnce.Lock()
-	defer q.btrfsOnce.Unlock()
+	q.btrfsMu.Lock()
+	defer q.btrfsMu.Unlock()
 	if q.btrfsOn {
 		return nil
 	}

@@ -68,8 +68,8 @@ type Quota struct {
 	mech   Mechanism
 	reason string // why None
 
-	btrfsOnce sync.Mutex // serialises enabling btrfs quotas
-	btrfsOn   bool
+	btrfsMu sync.Mutex // serialises enabling btrfs quotas
+	btrfsOn bool
 
 	prj *projects // xfs and ext4
 }

@@ -108,9 +108,10 @@ func qcmd(cmd, typ int) int { return cmd<<8 | typ&0xff }
 type projects struct {
 	kind Mechanism
 	base string
-	dev  string // block device node for quotactl where quotactl_fd is missing
-
 	mu sync.Mutex // one id allocation at a time
+
+	devMu sync.Mutex
+	dev   string // block device node for quotactl where quotactl_fd is missing
 }
 
 // openProjects checks that base's filesystem enforces project quotas.
@@ -170,6 +171,8 @@ func (p *projects) quotactl(cmd int, id uint32, addr unsafe.Pointer) error {
 // device makes a block device node for base's filesystem next to base
 // (as Docker's projectquota does), for quotactl.
 func (p *projects) device() (string, error) {
+	p.devMu.Lock()
+	defer p.devMu.Unlock()
 	if p.dev != "" {
 		return p.dev, nil
 	}
