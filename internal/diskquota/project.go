@@ -108,7 +108,7 @@ func qcmd(cmd, typ int) int { return cmd<<8 | typ&0xff }
 type projects struct {
 	kind Mechanism
 	base string
-	mu sync.Mutex // one id allocation at a time
+	mu   sync.Mutex // one id allocation at a time
 
 	devMu sync.Mutex
 	dev   string // block device node for quotactl where quotactl_fd is missing
