@@ -43,6 +43,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/fncall"
+	"github.com/warrenhq/warren/internal/guard"
 	"github.com/warrenhq/warren/internal/httperr"
 	"github.com/warrenhq/warren/internal/node"
 )
@@ -245,11 +246,9 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 	}
 	id := r.PathValue("id")
 	if !WantsStream(r, req) {
-		res, err := s.agent.Exec(r.Context(), id, req, nil, nil)
-		if err != nil {
-			return err
-		}
-		return httperr.WriteJSON(w, http.StatusOK, res)
+		return guard.ServeExec(w, spoolDir(s.agent), func(stdout, stderr io.Writer) (api.ExecResult, error) {
+			return s.agent.Exec(r.Context(), id, req, stdout, stderr)
+		})
 	}
 	st := &stream{w: w, enc: json.NewEncoder(w)}
 	res, err := s.agent.Exec(r.Context(), id, req, st.writer("stdout"), st.writer("stderr"))
@@ -275,6 +274,15 @@ func WantsStream(r *http.Request, req api.ExecRequest) bool {
 		}
 	}
 	return false
+}
+
+// spoolDir is where an agent spools buffered exec output: *node.Agent's
+// data dir, else the system's temporary directory.
+func spoolDir(a any) string {
+	if d, ok := a.(interface{ SpoolDir() string }); ok {
+		return d.SpoolDir()
+	}
+	return ""
 }
 
 // stream writes exec events as NDJSON, flushing each. Headers go out with
