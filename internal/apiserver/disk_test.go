@@ -1,7 +1,9 @@
 package apiserver_test
 
 import (
+	"encoding/json"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -96,4 +98,46 @@ func TestDiskRefusedWithoutQuota(t *testing.T) {
 		t.Errorf("nodes: %+v, want disk_quota none with a problem", n.Nodes)
 	}
 	h.create(tok, `{"image":"busybox"}`)
+}
+
+// Placement sends a create with a disk limit only to nodes that enforce
+// one, and answers 503 disk_quota_unsupported when none can.
+func TestRouterPlacesByDiskQuota(t *testing.T) {
+	mech := map[string]string{"q1": api.DiskQuotaBtrfs, "n2": api.DiskQuotaNone}
+	f := newFleetWith(t, fleetOptions{node: func(id string, c *node.Config) {
+		withDiskQuota(mech[id])(c)
+		c.Limits.CPU, c.Limits.Memory, c.Limits.Sandboxes = 1000, 1<<40, 100
+	}}, "q1", "n2")
+	waitUntil(t, "disk_quota in the fleet view", 5*time.Second, func() bool {
+		for _, v := range f.watcher.Snapshot() {
+			if v.DiskQuota != mech[v.ID] {
+				return false
+			}
+		}
+		return true
+	})
+	perNode := map[string]int{}
+	for range 10 {
+		sb := f.create(`{"image":"busybox","resources":{"disk":"1Gi"}}`)
+		if sb.Resources.Disk != 1<<30 {
+			t.Errorf("sandbox %s: resources %+v", sb.ID, sb.Resources)
+		}
+		perNode[sb.Node]++
+	}
+	if perNode["q1"] != 10 {
+		t.Fatalf("creates with disk landed %v, want all on q1 (btrfs)", perNode)
+	}
+	for range 10 {
+		perNode[f.create(`{"image":"busybox"}`).Node]++
+	}
+	if perNode["n2"] == 0 {
+		t.Errorf("creates without disk never used n2: %v", perNode)
+	}
+	// Inode limits: btrfs cannot, so no node can.
+	resp, b := f.json("POST", "/v1/sandboxes", `{"image":"busybox","resources":{"disk":"1Gi","disk_inodes":1000}}`)
+	var e api.ErrorBody
+	json.Unmarshal(b, &e)
+	if resp.StatusCode != http.StatusServiceUnavailable || e.Error.Code != api.CodeDiskQuotaUnsupported || !strings.Contains(e.Error.Message, "without disk and inode quotas") {
+		t.Fatalf("inode limit with no xfs/ext4 node: %d %s, want 503 %s naming the nodes", resp.StatusCode, b, api.CodeDiskQuotaUnsupported)
+	}
 }
