@@ -29,7 +29,7 @@ import (
 func TestClusterTLS(t *testing.T) {
 	testutil.RequireBinary(t, "go", "mkfs.erofs", "busybox")
 	dir := t.TempDir()
-	bin := warrenBin(t)
+	bin := warrenBin(t, "warrenfake") // its agents run the fake backend
 	run := func(env []string, args ...string) (string, string, int) {
 		var out, errb bytes.Buffer
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
