@@ -1,20 +1,15 @@
 package container
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
-	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/warrenhq/warren/internal/cgroup"
 	"github.com/warrenhq/warren/internal/image"
 )
 
@@ -27,7 +22,7 @@ import (
 // (image.Mounts.Prune). It returns what it removed, one line each. Call
 // it once recovery is done and before the first Create.
 func (c *Container) Sweep(ctx context.Context, orphan func(id string) bool) ([]string, error) {
-	hiers, herr := cgroupHierarchies()
+	layout, herr := cgroup.Host()
 	ids := map[string]bool{}
 	add := func(name string) {
 		if validID(name) == nil && orphan(name) {
@@ -40,11 +35,11 @@ func (c *Container) Sweep(ctx context.Context, orphan func(id string) bool) ([]s
 			add(e.Name())
 		}
 	}
-	for _, h := range hiers {
-		entries, _ := os.ReadDir(filepath.Join(h, c.cfg.CgroupParent))
-		for _, e := range entries {
-			if e.IsDir() {
-				add(e.Name())
+	if layout != nil {
+		for _, parent := range layout.Paths(c.cfg.CgroupParent) {
+			children, _ := parent.Children("")
+			for _, d := range children {
+				add(filepath.Base(d.Path))
 			}
 		}
 	}
@@ -72,7 +67,7 @@ func (c *Container) Sweep(ctx context.Context, orphan func(id string) bool) ([]s
 		if known {
 			continue
 		}
-		r, err := c.sweepOne(ctx, id, hiers)
+		r, err := c.sweepOne(ctx, id, layout)
 		removed = append(removed, r...)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("sweep sandbox %s: %w", id, err))
@@ -95,7 +90,7 @@ func (c *Container) Sweep(ctx context.Context, orphan func(id string) bool) ([]s
 // sweepOne removes everything of one unrecorded sandbox: first as Destroy
 // does (runc's state says which processes and cgroups are its), then
 // whatever that left, such as cgroups whose runc state is gone.
-func (c *Container) sweepOne(ctx context.Context, id string, hiers []string) ([]string, error) {
+func (c *Container) sweepOne(ctx context.Context, id string, layout *cgroup.Layout) ([]string, error) {
 	var removed []string
 	runcDir := filepath.Join(c.cfg.RuncRoot, id)
 	hadRunc := exists(runcDir)
@@ -103,10 +98,12 @@ func (c *Container) sweepOne(ctx context.Context, id string, hiers []string) ([]
 	if st, err := c.readRuncState(id); err == nil && (initProc{pid: st.InitPid, start: st.InitStart}).alive() {
 		initPid = st.InitPid
 	}
-	var cgroups []string
-	for _, h := range hiers {
-		if p := filepath.Join(h, c.cfg.CgroupParent, id); exists(p) {
-			cgroups = append(cgroups, p)
+	var cgroups []cgroup.Dir
+	if layout != nil {
+		for _, d := range layout.Paths(filepath.Join(c.cfg.CgroupParent, id)) {
+			if d.Exists() {
+				cgroups = append(cgroups, d)
+			}
 		}
 	}
 	dir := c.dir(id)
@@ -122,13 +119,11 @@ func (c *Container) sweepOne(ctx context.Context, id string, hiers []string) ([]
 	}
 	// Cgroups: kill what is left in them, then remove them deepest first.
 	for _, cg := range cgroups {
-		if exists(cg) {
-			if err := removeCgroupTree(ctx, cg); err != nil {
-				errs = append(errs, err)
-				continue
-			}
+		if err := cg.Destroy(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("cgroup %s: %w", cg.Path, err))
+			continue
 		}
-		removed = append(removed, "cgroup "+cg)
+		removed = append(removed, "cgroup "+cg.Path)
 	}
 	// Mounts, deepest first (MountsUnder's order).
 	for _, mp := range mounts {
@@ -161,96 +156,4 @@ func (c *Container) sweepOne(ctx context.Context, id string, hiers []string) ([]
 		}
 	}
 	return removed, errors.Join(errs...)
-}
-
-// removeCgroupTree kills every process in the cgroup dir and below (a
-// frozen v1 cgroup is thawed first, or its tasks would never die) and
-// removes the cgroups, deepest first.
-func removeCgroupTree(ctx context.Context, dir string) error {
-	var dirs []string
-	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && d.IsDir() {
-			dirs = append(dirs, p)
-		}
-		return nil
-	})
-	slices.Reverse(dirs) // children before their parents
-	for _, d := range dirs {
-		os.WriteFile(filepath.Join(d, "cgroup.kill"), []byte("1"), 0) // v2, Linux >= 5.14
-		os.WriteFile(filepath.Join(d, "freezer.state"), []byte("THAWED"), 0)
-		os.WriteFile(filepath.Join(d, "cgroup.freeze"), []byte("0"), 0)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for _, d := range dirs {
-		for {
-			pids := cgroupProcs(d)
-			if len(pids) == 0 {
-				break
-			}
-			if time.Now().After(deadline) || ctx.Err() != nil {
-				return fmt.Errorf("cgroup %s still has processes %v", d, pids)
-			}
-			for _, pid := range pids {
-				unix.Kill(pid, unix.SIGKILL)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		var err error
-		for i := 0; i < 50; i++ {
-			if err = unix.Rmdir(d); err == nil || errors.Is(err, unix.ENOENT) {
-				err = nil
-				break
-			}
-			if !errors.Is(err, unix.EBUSY) {
-				break
-			}
-			time.Sleep(time.Duration(i+1) * time.Millisecond)
-		}
-		if err != nil {
-			return fmt.Errorf("remove cgroup %s: %w", d, err)
-		}
-	}
-	return nil
-}
-
-func cgroupProcs(dir string) []int {
-	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
-	if err != nil {
-		return nil
-	}
-	var pids []int
-	for _, f := range strings.Fields(string(b)) {
-		if pid, err := strconv.Atoi(f); err == nil {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
-
-// cgroupHierarchies lists the mountpoints of the host's cgroup
-// hierarchies (every v1 controller's and the v2 unified one) whose root is
-// the cgroup root, from /proc/self/mountinfo.
-func cgroupHierarchies() ([]string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var out []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		if !ok {
-			continue
-		}
-		fields, typ := strings.Fields(pre), strings.Fields(post)
-		if len(fields) < 5 || len(typ) == 0 || typ[0] != "cgroup" && typ[0] != "cgroup2" || fields[3] != "/" {
-			continue
-		}
-		if mp := fields[4]; !slices.Contains(out, mp) {
-			out = append(out, mp)
-		}
-	}
-	return out, sc.Err()
 }

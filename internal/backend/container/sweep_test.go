@@ -2,6 +2,7 @@ package container
 
 import (
 	"context"
+	"github.com/warrenhq/warren/internal/cgroup"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,10 +26,11 @@ func TestSweep(t *testing.T) {
 	h.start(kept)
 
 	// orph-2: only a cgroup, with a host process in it.
-	hiers, err := cgroupHierarchies()
-	if err != nil || len(hiers) == 0 {
-		t.Fatalf("cgroup hierarchies: %v, %v", hiers, err)
+	layout, err := cgroup.Host()
+	if err != nil {
+		t.Fatalf("cgroup layout: %v", err)
 	}
+	hiers := layout.Paths(h.cfg.CgroupParent)
 	sleeper := exec.Command("sleep", "1000")
 	if err := sleeper.Start(); err != nil {
 		t.Fatal(err)
@@ -38,7 +40,7 @@ func TestSweep(t *testing.T) {
 	go func() { sleeper.Wait(); close(exited) }()
 	var orphanCgroup string
 	for _, hier := range hiers {
-		d := filepath.Join(hier, h.cfg.CgroupParent, "orph-2")
+		d := filepath.Join(hier.Path, "orph-2")
 		if os.MkdirAll(d, 0o755) != nil {
 			continue
 		}
@@ -65,7 +67,7 @@ func TestSweep(t *testing.T) {
 	all := strings.Join(removed, "\n")
 	for _, want := range []string{"container init", "runc state " + filepath.Join(c2.cfg.RuncRoot, "orph-1"),
 		"mount " + c2.rootDir("orph-1"), "directory " + c2.dir("orph-1"), "cgroup " + orphanCgroup,
-		"cgroup " + filepath.Join(hiers[0], h.cfg.CgroupParent, "orph-1")} {
+		"cgroup " + filepath.Join(hiers[0].Path, "orph-1")} {
 		if !strings.Contains(all, want) {
 			t.Errorf("removed does not list %q:\n%s", want, all)
 		}
