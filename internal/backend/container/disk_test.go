@@ -242,3 +242,24 @@ func TestDiskLimitProjectQuota(t *testing.T) {
 		})
 	}
 }
+
+// The start-up sweep removes an unrecorded sandbox's subvolume and qgroup
+// like Destroy does.
+func TestDiskSweep(t *testing.T) {
+	h, mnt := newBtrfsHarness(t)
+	spec := h.spec("sweep-disk")
+	spec.Resources.Disk = 50 * mib
+	h.start(spec)
+	h.c = h.newContainer() // an agent that has no record of it
+	removed, err := h.c.Sweep(context.Background(), func(string) bool { return true })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(strings.Join(removed, "\n"), "sweep-disk") {
+		t.Errorf("sweep removed %q, want the sandbox", removed)
+	}
+	h.assertGone("sweep-disk")
+	if out, err := exec.Command("btrfs", "subvolume", "list", mnt).CombinedOutput(); err != nil || len(strings.TrimSpace(string(out))) > 0 {
+		t.Errorf("subvolumes left after the sweep: %v: %s", err, out)
+	}
+}
