@@ -32,6 +32,19 @@ type Resources struct {
 	Memory Quantity `json:"memory,omitempty"`
 	// PIDs caps the number of processes and threads.
 	PIDs int64 `json:"pids,omitempty"`
+	// Disk limits the sandbox's writable layer (what it writes to its
+	// root filesystem), in bytes like Memory; 0 takes the node's default
+	// (none unless the node sets one). Past it, writes inside fail with
+	// EDQUOT or ENOSPC. A node that cannot enforce it (Node.DiskQuota
+	// "none") refuses it with CodeDiskQuotaUnsupported. It counts
+	// against the project quota's disk.
+	Disk Quantity `json:"disk,omitempty"`
+	// DiskInodes limits the files, directories and links of the writable
+	// layer; 0 with a Disk limit takes one per 16 KiB of Disk (at least
+	// 1024) where the node limits inodes (Node.DiskQuota "xfs" or
+	// "ext4"). On "btrfs" each inode's metadata is charged to Disk
+	// instead, and an explicit DiskInodes is refused.
+	DiskInodes int64 `json:"disk_inodes,omitempty"`
 }
 
 // CreateSandboxRequest is the body of POST /v1/sandboxes. Exactly one of
@@ -374,9 +387,34 @@ type Node struct {
 	Healthy   bool              `json:"healthy"`
 	Problems  []string          `json:"problems,omitempty"` // e.g. a backend unavailable here, and why
 	UpdatedAt time.Time         `json:"updated_at"`
+	// DiskQuota names how the node enforces Resources.Disk: DiskQuotaBtrfs,
+	// DiskQuotaXFS, DiskQuotaExt4, or DiskQuotaNone (empty from nodes that
+	// predate it: none either). Placement sends a create with a disk limit
+	// only to nodes that enforce it.
+	DiskQuota string `json:"disk_quota,omitempty"`
 	// FnRuntimes are the FnCall runtimes the node declares, with their
 	// pools' state; apiservers route FnCalls by them.
 	FnRuntimes []FnRuntime `json:"fn_runtimes,omitempty"`
+}
+
+// How a node limits a sandbox's disk (Node.DiskQuota).
+const (
+	DiskQuotaBtrfs = "btrfs" // subvolume + qgroup: bytes, inode metadata included
+	DiskQuotaXFS   = "xfs"   // project quota: bytes and inodes
+	DiskQuotaExt4  = "ext4"  // project quota: bytes and inodes
+	DiskQuotaNone  = "none"  // the node's filesystem offers no quota it uses
+)
+
+// EnforcesDisk reports whether a node whose DiskQuota is mech can limit a
+// sandbox's disk, and its inodes if inodes.
+func EnforcesDisk(mech string, inodes bool) bool {
+	switch mech {
+	case DiskQuotaXFS, DiskQuotaExt4:
+		return true
+	case DiskQuotaBtrfs:
+		return !inodes
+	}
+	return false
 }
 
 // Capacity counts a node's resources.
@@ -427,9 +465,12 @@ const (
 	CodeNoCapacity         = "no_capacity"         // 503: no matching node has room
 	CodeNoMatchingNode     = "no_matching_node"    // 503: no healthy node has the backend, pool and labels
 	CodeBackendUnavailable = "backend_unavailable" // 503
-	CodeSandboxLost        = "sandbox_lost"        // 503: its node is unreachable or left; GET answers state "lost"
-	CodeNodeUnreachable    = "node_unreachable"    // 503: the node did not answer
-	CodeInternal           = "internal"            // 500
+	// CodeDiskQuotaUnsupported: the create asks for a disk (or inode) limit
+	// that the node, or every node that could take it, cannot enforce.
+	CodeDiskQuotaUnsupported = "disk_quota_unsupported" // 503
+	CodeSandboxLost          = "sandbox_lost"           // 503: its node is unreachable or left; GET answers state "lost"
+	CodeNodeUnreachable      = "node_unreachable"       // 503: the node did not answer
+	CodeInternal             = "internal"               // 500
 )
 
 // CodeSandboxGone (409 Conflict) says the platform ended the sandbox under

@@ -65,7 +65,7 @@ func newNodeLsCmd(a *app) *cobra.Command {
 				}
 				return writeJSON(a.stdout, api.NodeList{Nodes: nodes})
 			}
-			tw := newTable(a.stdout, "ID", "POOL", "HEALTHY", "ADDRESS", "BACKENDS", "CPU", "MEMORY", "SANDBOXES", "PROBLEMS")
+			tw := newTable(a.stdout, "ID", "POOL", "HEALTHY", "ADDRESS", "BACKENDS", "CPU", "MEMORY", "SANDBOXES", "DISK-QUOTA", "PROBLEMS")
 			for _, n := range nodes {
 				health := "yes"
 				if !n.Healthy {
@@ -79,6 +79,7 @@ func newNodeLsCmd(a *app) *cobra.Command {
 					num(n.Usage.CPU)+"/"+num(n.Capacity.CPU),
 					memHuman(n.Usage.Memory)+"/"+memHuman(n.Capacity.Memory),
 					fmt.Sprintf("%d/%d", n.Usage.Sandboxes, n.Capacity.Sandboxes),
+					orDash(n.DiskQuota),
 					orDash(strings.Join(n.Problems, "; ")))
 			}
 			return tw.Flush()

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -299,6 +300,27 @@ func TestImageAndNodeLs(t *testing.T) {
 	r = cli(t, srv, nil, "", "node", "ls")
 	if r.code != 0 || !strings.Contains(r.stdout, "HEALTHY") || !strings.Contains(r.stdout, "n1") {
 		t.Errorf("node ls: %+v", r)
+	}
+	lines := strings.Split(r.stdout, "\n")
+	head, row := strings.Fields(lines[0]), strings.Fields(lines[1])
+	if len(head) != 10 || head[8] != "DISK-QUOTA" || head[9] != "PROBLEMS" || len(row) < 10 ||
+		!slices.Contains([]string{"-", "none", "btrfs", "xfs", "ext4"}, row[8]) {
+		t.Errorf("node ls: header %q, row %q; want a DISK-QUOTA column before PROBLEMS", head, row)
+	}
+}
+
+func TestSandboxCreateDisk(t *testing.T) {
+	srv := newServer(t)
+	id := mustCreate(t, srv, "--disk", "10Gi", "--disk-inodes", "5000")
+	sb, ok := srv.Sandbox(id)
+	if !ok || sb.Resources.Disk != 10<<30 || sb.Resources.DiskInodes != 5000 {
+		t.Fatalf("server got %+v, want disk 10Gi and 5000 inodes", sb.Resources)
+	}
+	if r := cli(t, srv, nil, "", "sandbox", "get", id); r.code != 0 || !strings.Contains(r.stdout, "10Gi (5000 inodes)") {
+		t.Errorf("sandbox get: %+v", r)
+	}
+	if r := cli(t, srv, nil, "", "sandbox", "create", "--image", "busybox", "--disk", "lots"); r.code != 2 || !strings.Contains(r.stderr, "--disk") {
+		t.Errorf("--disk lots: %+v, want usage error", r)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/daemon"
 	"github.com/warrenhq/warren/internal/placement"
@@ -167,6 +168,7 @@ s3://bucket/prefix?endpoint=host:port (see "warren apiserver --help").`,
 	f.StringArrayVar(&labels, "label", nil, "node label key=value (repeatable)")
 	f.StringVar(&cfg.Blobs, "blobs", "", "blob store shared with the apiservers: a directory or s3://bucket/prefix?endpoint=host:port (default <data-dir>/blobs)")
 	f.IntVar(&cfg.Limits.Sandboxes, "max-sandboxes", 0, "sandboxes this node admits (0: 1000)")
+	quantityVar(f, &cfg.DefaultDisk, "default-disk", "writable layer limit of a sandbox that asks for none, e.g. 10Gi (0: none; needs a data dir on btrfs, or xfs or ext4 with project quotas)")
 	f.StringVar(&cfg.Backend, "backend", "container", "sandbox backend: container")
 	f.BoolVar(&cfg.StopSandboxes, "stop-sandboxes", false, "end every sandbox of this node when the agent stops (default: they keep running and the next agent on --data-dir re-adopts them)")
 	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
@@ -177,6 +179,24 @@ s3://bucket/prefix?endpoint=host:port (see "warren apiserver --help").`,
 func tlsFlags(f *pflag.FlagSet, cfg *daemon.TLSConfig) {
 	f.StringVar(&cfg.Cert, "tls-cert", "", "serve TLS with this certificate (PEM; warren cert issue); plain HTTP without")
 	f.StringVar(&cfg.Key, "tls-key", "", "the --tls-cert certificate's key (PEM)")
+}
+
+// quantityVar defines a size flag ("10Gi", "1G", bytes) stored in bytes.
+func quantityVar(f *pflag.FlagSet, p *int64, name, usage string) {
+	f.Var((*quantityValue)(p), name, usage)
+}
+
+type quantityValue int64
+
+func (q *quantityValue) String() string { return api.Quantity(*q).String() }
+func (q *quantityValue) Type() string   { return "size" }
+func (q *quantityValue) Set(s string) error {
+	v, err := api.ParseQuantity(s)
+	if err != nil {
+		return err
+	}
+	*q = quantityValue(v)
+	return nil
 }
 
 // fnFlags are the FnCall flags of the roles that run a node.

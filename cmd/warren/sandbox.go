@@ -15,6 +15,7 @@ func newSandboxCreateCmd(a *app) *cobra.Command {
 	var (
 		req            api.CreateSandboxRequest
 		memory, output string
+		disk           string
 		labels, env    []string
 		selector       []string
 		ttl, idle      time.Duration
@@ -31,6 +32,7 @@ or an explicit stack of layers (--layer, repeated, bottom first).
 --env takes both environment variables (KEY=VALUE, or KEY to pass the local
 value) and, when its value has an "@" and no "=", the environment to start from.`,
 		Example: `  warren sandbox create --image busybox --cpu 1 --memory 256Mi --ttl 30m --label task=demo
+  warren sandbox create --image busybox --disk 10Gi       # writes past 10Gi fail with EDQUOT
   warren sandbox create --env swe-task-0042@1 --env DEBUG=1
   warren sandbox create --layer debian-python@12 --layer harness@7
   warren sandbox create --image busybox --node-selector rack=r1 --pool cloud
@@ -65,6 +67,13 @@ value) and, when its value has an "@" and no "=", the environment to start from.
 					return usagef("--memory: %v", err)
 				}
 				req.Resources.Memory = q
+			}
+			if disk != "" {
+				q, err := api.ParseQuantity(disk)
+				if err != nil {
+					return usagef("--disk: %v", err)
+				}
+				req.Resources.Disk = q
 			}
 			if ttl < 0 || idle < 0 {
 				return usagef("--ttl and --idle-timeout must not be negative")
@@ -128,6 +137,8 @@ value) and, when its value has an "@" and no "=", the environment to start from.
 	f.Float64Var(&req.Resources.CPU, "cpu", 0, "CPU cores, e.g. 0.5 (server default when 0)")
 	f.StringVar(&memory, "memory", "", "memory limit, e.g. 256Mi or 1G")
 	f.Int64Var(&req.Resources.PIDs, "pids", 0, "process and thread limit")
+	f.StringVar(&disk, "disk", "", "writable layer limit, e.g. 10Gi (node default when empty; refused where the node cannot enforce it)")
+	f.Int64Var(&req.Resources.DiskInodes, "disk-inodes", 0, "file count limit of the writable layer (default with --disk: one per 16Ki, on xfs and ext4 nodes)")
 	f.DurationVar(&ttl, "ttl", 0, "lifetime, e.g. 30m (server default when 0)")
 	f.DurationVar(&idle, "idle-timeout", 0, "destroy after this long without use (0: never)")
 	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE (repeatable)")
@@ -241,6 +252,13 @@ func newSandboxGetCmd(a *app) *cobra.Command {
 			row(tw, "Memory:", orDash(memString(sb.Resources.Memory)))
 			if sb.Resources.PIDs > 0 {
 				row(tw, "PIDs:", fmt.Sprint(sb.Resources.PIDs))
+			}
+			if sb.Resources.Disk > 0 {
+				d := sb.Resources.Disk.String()
+				if sb.Resources.DiskInodes > 0 {
+					d += fmt.Sprintf(" (%d inodes)", sb.Resources.DiskInodes)
+				}
+				row(tw, "Disk:", d)
 			}
 			row(tw, "TTL:", durOrDash(sb.TTL))
 			row(tw, "Idle timeout:", durOrDash(sb.IdleTimeout))

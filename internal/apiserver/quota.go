@@ -202,5 +202,8 @@ func (s *Server) quotaOf(r api.Resources) iam.Resources {
 			r.Memory = 512 << 20
 		}
 	}
-	return iam.Resources{Sandboxes: 1, MilliCPU: iam.MilliCPU(r.CPU), Memory: int64(r.Memory)}
+	if r.Disk <= 0 {
+		r.Disk = d.Disk // the node may still apply a default of its own: the resync counts it
+	}
+	return iam.Resources{Sandboxes: 1, MilliCPU: iam.MilliCPU(r.CPU), Memory: int64(r.Memory), Disk: int64(r.Disk)}
 }

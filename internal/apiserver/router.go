@@ -300,7 +300,8 @@ func (r *Router) Create(ctx context.Context, req api.CreateSandboxRequest) (api.
 	if res.Memory <= 0 {
 		res.Memory = r.cfg.Defaults.Memory
 	}
-	preq := placement.Request{Backend: req.Backend, Resources: placement.Demand(res), Labels: req.NodeSelector, Pool: req.Pool}
+	preq := placement.Request{Backend: req.Backend, Resources: placement.Demand(res), Labels: req.NodeSelector, Pool: req.Pool,
+		Disk: res.Disk > 0, DiskInodes: res.DiskInodes > 0}
 	if preq.Backend == "" {
 		preq.Backend = api.BackendContainer
 	}

@@ -228,5 +228,6 @@ func (u *Usage) Follow(ctx context.Context, n SandboxLister, every time.Duration
 func countOf(sb api.Sandbox) counted {
 	return counted{project: sb.Project, res: iam.Resources{
 		Sandboxes: 1, MilliCPU: iam.MilliCPU(sb.Resources.CPU), Memory: int64(sb.Resources.Memory),
+		Disk: int64(sb.Resources.Disk),
 	}}
 }

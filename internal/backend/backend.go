@@ -30,6 +30,11 @@ type Resources struct {
 	CPU    float64 // cores
 	Memory int64   // bytes
 	PIDs   int64
+	// Disk and DiskInodes limit the sandbox's writable layer; only a
+	// DiskLimiter whose DiskQuota allows it takes them, others refuse.
+	// Zero means no limit (the agent fills in the node's default).
+	Disk       int64 // bytes
+	DiskInodes int64
 }
 
 // Spec is everything a backend needs to create a sandbox. The agent persists
@@ -72,6 +77,22 @@ type Capabilities struct {
 	Recover  bool // sandboxes survive an agent restart
 	Pause    bool
 	Snapshot bool
+}
+
+// DiskQuota says whether and how a backend limits a sandbox's writable
+// layer (Resources.Disk and DiskInodes) on this host.
+type DiskQuota struct {
+	Mechanism string // "btrfs", "xfs", "ext4", or "none" (api.DiskQuota*)
+	Inodes    bool   // DiskInodes is enforced too
+	Reason    string // why "none"
+}
+
+// DiskLimiter is a backend that can limit a sandbox's writable layer.
+// Create refuses a disk limit it cannot enforce (ErrUnavailable, code
+// disk_quota_unsupported); a backend that is not a DiskLimiter takes no
+// disk limit at all.
+type DiskLimiter interface {
+	DiskQuota() DiskQuota
 }
 
 // Backend is the core contract.

@@ -67,6 +67,9 @@ type AgentConfig struct {
 	// Default <DataDir>/blobs.
 	Blobs  string
 	Limits node.Limits
+	// DefaultDisk limits the writable layer of a sandbox that asks for no
+	// disk limit (0: none); Agent fails if no backend can enforce it.
+	DefaultDisk int64
 	// Backend is "container", the default and the only backend a
 	// production build has.
 	Backend string
@@ -170,6 +173,7 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 		Limits:   cfg.Limits,
 		Pool:     cfg.Pool,
 		Labels:   cfg.Labels,
+		Defaults: node.Defaults{Disk: cfg.DefaultDisk},
 		Log:      log,
 	})
 	if err != nil {

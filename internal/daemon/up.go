@@ -20,6 +20,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/apiserver"
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/backend/container"
@@ -39,7 +40,11 @@ type UpConfig struct {
 	// s3://bucket/prefix). Default <DataDir>/blobs.
 	Blobs  string
 	Limits node.Limits
-	Log    *slog.Logger
+	// DefaultDisk limits the writable layer of a sandbox that asks for no
+	// disk limit (0: none); Up fails if the data dir's filesystem offers
+	// no quota.
+	DefaultDisk int64
+	Log         *slog.Logger
 	// Fn configures FnCall; ImageCache is where built runtime images are
 	// found and published from at startup (default DefaultImageCache).
 	Fn         FnConfig
@@ -112,6 +117,7 @@ func Up(ctx context.Context, cfg UpConfig) error {
 		Images:   imgs.images,
 		Layers:   cache,
 		Limits:   cfg.Limits,
+		Defaults: node.Defaults{Disk: cfg.DefaultDisk},
 		Log:      log,
 	})
 	if err != nil {
@@ -145,6 +151,7 @@ func Up(ctx context.Context, cfg UpConfig) error {
 	go collector.run(ctx)
 	acfg := imgs.serverConfig(oci.NodeLayers{Cache: cache, Mounts: mounts}, collector, ids, log)
 	acfg.Node = agent
+	acfg.DefaultResources.Disk = api.Quantity(cfg.DefaultDisk) // quota counts the node's default
 	if fn != nil {
 		acfg.Fn = fn
 	}

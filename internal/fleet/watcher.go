@@ -358,7 +358,8 @@ func (w *Watcher) poll(ctx context.Context, e *entry) {
 // shapeChanged reports a change placement filters on.
 func shapeChanged(a, b NodeView) bool {
 	return a.Healthy != b.Healthy || a.Unreachable != b.Unreachable || a.Polled != b.Polled ||
-		a.Capacity != b.Capacity || !slices.Equal(a.Backends, b.Backends) || !slices.Equal(a.Problems, b.Problems)
+		a.Capacity != b.Capacity || !slices.Equal(a.Backends, b.Backends) || !slices.Equal(a.Problems, b.Problems) ||
+		a.DiskQuota != b.DiskQuota
 }
 
 // checkReady closes Ready once every registered node has had a poll.

@@ -360,3 +360,41 @@ func ExampleIAM_Reserve() {
 	// <nil>
 	// quota_exceeded 5s
 }
+
+// Disk is charged like memory: by reservations and by the fleet's tally,
+// against the project's own limit and its ancestors'.
+func TestReserveDisk(t *testing.T) {
+	ctx := context.Background()
+	tally := iam.NewTally()
+	m, _ := newIAM(t, nil, iam.Options{Usage: tally})
+	mustCreate(t, m, "a", iam.Quota{Resources: iam.Resources{Disk: 100 << 30}})
+	mustCreate(t, m, "a/b", iam.Quota{Resources: iam.Resources{Disk: 40 << 30}})
+	disk := func(gi int64) iam.Resources { return iam.Resources{Sandboxes: 1, Disk: gi << 30} }
+
+	r, err := m.Reserve(ctx, "a/b", disk(30))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = m.Reserve(ctx, "a/b", disk(20))
+	wantErr(t, "30Gi reserved + 20Gi of 40Gi", err, errdefs.ErrExhausted, iam.CodeQuotaExceeded)
+	_, err = m.Reserve(ctx, "a/b", disk(50))
+	wantErr(t, "50Gi in a 40Gi quota", err, errdefs.ErrInvalid, iam.CodeRequestTooLarge)
+	// Sandboxes without disk still fit.
+	if _, err := m.Reserve(ctx, "a/b", iam.Resources{Sandboxes: 1}); err != nil {
+		t.Fatalf("no disk: %v", err)
+	}
+	r.Release()
+	// The fleet's running sandboxes count too, up the tree.
+	tally.SetNode("n1", map[string]iam.Resources{"a": disk(50), "a/b": disk(35)})
+	_, err = m.Reserve(ctx, "a/b", disk(10))
+	wantErr(t, "35Gi used + 10Gi of 40Gi", err, errdefs.ErrExhausted, iam.CodeQuotaExceeded)
+	if _, err := m.Reserve(ctx, "a", disk(10)); err != nil {
+		t.Fatalf("parent: 50Gi own + 40Gi delegated + 10Gi of 100Gi: %v", err)
+	}
+	_, err = m.Reserve(ctx, "a", disk(1))
+	wantErr(t, "parent full", err, errdefs.ErrExhausted, iam.CodeQuotaExceeded)
+	p, _ := m.GetProject(ctx, root, "a/b")
+	if p.Usage.Disk != 35<<30 {
+		t.Fatalf("a/b usage %+v, want 35Gi disk", p.Usage)
+	}
+}

@@ -65,6 +65,10 @@ type Defaults struct {
 	MaxTTL      time.Duration
 	ExecTimeout time.Duration
 	MaxOutput   int64 // per stream
+	// Disk is the writable-layer limit of a sandbox that asks for none,
+	// on backends that can enforce it; 0 = no limit. New fails if no
+	// backend on the node can.
+	Disk int64
 }
 
 // Config builds an Agent.
@@ -93,6 +97,7 @@ type Agent struct {
 	cfg      Config
 	backends map[string]backend.Backend
 	problems []string // backends unavailable here, and why
+	disk     string   // api.Node.DiskQuota (disk.go)
 	log      *slog.Logger
 
 	mu        sync.Mutex
@@ -166,6 +171,21 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 			continue
 		}
 		a.backends[b.Name()] = b
+	}
+	dq, why := nodeDiskQuota(a.backends)
+	a.disk = dq.Mechanism
+	if why != "" {
+		a.problems = append(a.problems, why)
+		a.log.Warn("sandbox disk limits unavailable: creates asking for disk are refused", "reason", why)
+	} else {
+		a.log.Info("sandbox disk limits", "disk_quota", dq.Mechanism, "inodes", dq.Inodes)
+	}
+	if cfg.Defaults.Disk > 0 && !api.EnforcesDisk(dq.Mechanism, false) {
+		if why == "" {
+			why = "no backend here limits disk"
+		}
+		return nil, errdefs.New(errdefs.ErrUnavailable, api.CodeDiskQuotaUnsupported,
+			"default disk %v: node %s cannot limit disk (disk_quota %s): %s", api.Quantity(cfg.Defaults.Disk), cfg.ID, dq.Mechanism, why)
 	}
 	return a, nil
 }
@@ -289,6 +309,7 @@ func (a *Agent) Status() api.Node {
 		Healthy:   len(a.backends) > 0,
 		Problems:  append([]string(nil), a.problems...),
 		UpdatedAt: time.Now().UTC(),
+		DiskQuota: a.disk,
 	}
 	for name := range a.backends {
 		n.Backends = append(n.Backends, name)

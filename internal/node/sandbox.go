@@ -199,6 +199,9 @@ func (a *Agent) createFrom(ctx context.Context, req api.CreateSandboxRequest, re
 		}
 		return api.Sandbox{}, errdefs.Invalid("unknown backend %q", req.Backend)
 	}
+	if err := a.diskLimits(b, &req.Resources); err != nil {
+		return api.Sandbox{}, err
+	}
 	var img api.Image
 	if resolved != nil {
 		img = *resolved
@@ -288,9 +291,11 @@ func (a *Agent) create(ctx context.Context, b backend.Backend, req api.CreateSan
 		Env:     envList(env),
 		Workdir: img.Workdir,
 		Resources: backend.Resources{
-			CPU:    req.Resources.CPU,
-			Memory: int64(req.Resources.Memory),
-			PIDs:   req.Resources.PIDs,
+			CPU:        req.Resources.CPU,
+			Memory:     int64(req.Resources.Memory),
+			PIDs:       req.Resources.PIDs,
+			Disk:       int64(req.Resources.Disk),
+			DiskInodes: req.Resources.DiskInodes,
 		},
 	}
 	// The record goes to disk first, so that a crash in the middle leaves

@@ -14,7 +14,11 @@ import (
 )
 
 // recordVersion is the on-disk format of sandbox records. Bump it when the
-// format changes and teach readRecord the old one.
+// format changes and teach readRecord the old one. Version 1 gained
+// optional fields without a bump (absent reads as zero, which older
+// agents ignore): the disk limit, sandbox.resources.disk and disk_inodes
+// and spec.Resources.Disk and DiskInodes; the limit itself lives in the
+// filesystem (package diskquota), so a record without it loses nothing.
 const recordVersion = 1
 
 // record is what the agent keeps on disk to re-adopt a sandbox after a

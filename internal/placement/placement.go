@@ -100,6 +100,9 @@ type Request struct {
 	Pool      string
 	Burstable bool
 	Exclude   []string // node ids not to use
+	// Disk: the sandbox has a disk limit, so the node must enforce one
+	// (api.Node.DiskQuota); DiskInodes: an inode limit too.
+	Disk, DiskInodes bool
 }
 
 // Demand returns the capacity a sandbox with resources r takes.
@@ -372,6 +375,7 @@ type search struct {
 type rejections struct {
 	pool                                    string
 	nodes, unhealthy, backend, labels, full int
+	disk                                    int // cannot enforce the disk limit
 	refused                                 int
 	retryAfter                              time.Duration
 	// lack counts the nodes without a selector key; other counts those
@@ -418,6 +422,9 @@ func (s *search) feasible(i int) (float64, bool) {
 	case !hasLabels(n.Labels, s.req.Labels):
 		s.why.labels++
 		s.why.miss(s.selector, s.req.Labels, n.Labels)
+		return 0, false
+	case (s.req.Disk || s.req.DiskInodes) && !api.EnforcesDisk(n.DiskQuota, s.req.DiskInodes):
+		s.why.disk++
 		return 0, false
 	case s.exclude[n.ID]:
 		s.why.refused++
@@ -514,6 +521,7 @@ func (s *search) err() error {
 		total.unhealthy += r.unhealthy
 		total.backend += r.backend
 		total.labels += r.labels
+		total.disk += r.disk
 		total.full += r.full
 		total.refused += r.refused
 		if r.retryAfter > 0 && (total.retryAfter == 0 || r.retryAfter < total.retryAfter) {
@@ -527,7 +535,7 @@ func (s *search) err() error {
 	switch {
 	case total.nodes == 0 && s.req.Pool != "":
 		msg = fmt.Sprintf("no node matches pool %s (%s)", s.req.Pool, strings.Join(parts, "; "))
-	case total.labels > 0 && total.full == 0 && total.refused == 0:
+	case total.labels > 0 && total.full == 0 && total.refused == 0 && total.disk == 0:
 		msg = fmt.Sprintf("no node matches node_selector %s (%s)", selectorString(s.selector, s.req.Labels), strings.Join(parts, "; "))
 		if s.req.Pool != "" {
 			msg = fmt.Sprintf("no node in pool %s matches node_selector %s (%s)", s.req.Pool, selectorString(s.selector, s.req.Labels), strings.Join(parts, "; "))
@@ -539,9 +547,19 @@ func (s *search) err() error {
 		return errdefs.Exhausted(api.CodeNodeFull, max(total.retryAfter, time.Second), "%s", msg)
 	case total.full > 0:
 		return &errdefs.Error{Kind: errdefs.ErrUnavailable, Code: api.CodeNoCapacity, Msg: msg, RetryAfter: time.Second}
+	case total.disk > 0:
+		// The nodes that match otherwise cannot enforce the disk limit.
+		return errdefs.New(errdefs.ErrUnavailable, api.CodeDiskQuotaUnsupported, "%s", msg)
 	default:
 		return errdefs.New(errdefs.ErrUnavailable, api.CodeNoMatchingNode, "%s", msg)
 	}
+}
+
+func diskWhat(req Request) string {
+	if req.DiskInodes {
+		return "without disk and inode quotas (disk_quota xfs or ext4)"
+	}
+	return "without disk quotas (disk_quota none)"
 }
 
 func (r rejections) String(req Request) string {
@@ -556,6 +574,7 @@ func (r rejections) String(req Request) string {
 		{r.unhealthy, "unhealthy"},
 		{r.backend, fmt.Sprintf("without backend %s", req.Backend)},
 		{r.labels, r.labelMisses()},
+		{r.disk, diskWhat(req)},
 		{r.refused, "refusing creates"},
 		{r.full, "without room"},
 	} {

@@ -500,6 +500,46 @@ func TestConcurrentPlace(t *testing.T) {
 	}
 }
 
+func TestDiskFilter(t *testing.T) {
+	withDisk := func(mech string) func(n *api.Node) { return func(n *api.Node) { n.DiskQuota = mech } }
+	f := fleet.NewStatic(
+		node("btr", withDisk(api.DiskQuotaBtrfs)),
+		node("xfs", withDisk(api.DiskQuotaXFS)),
+		node("none", withDisk(api.DiskQuotaNone)),
+		node("old", nil), // predates disk_quota: none
+	)
+	bare := fleet.NewStatic(node("none", withDisk(api.DiskQuotaNone)), node("old", nil))
+	res := api.Capacity{CPU: 1, Memory: 1 << 30}
+	tests := []struct {
+		name  string
+		fleet placement.Fleet
+		req   placement.Request
+		want  string // chosen nodes, or an error code
+	}{
+		{"no disk limit: any node", f, placement.Request{Resources: res}, "[btr none old xfs]"},
+		{"disk limit: nodes with quotas", f, placement.Request{Resources: res, Disk: true}, "[btr xfs]"},
+		{"inode limit: project quotas only", f, placement.Request{Resources: res, Disk: true, DiskInodes: true}, "[xfs]"},
+		{"no node enforces it", bare, placement.Request{Resources: res, Disk: true}, api.CodeDiskQuotaUnsupported},
+		{"no node enforces inodes", fleet.NewStatic(node("btr", withDisk(api.DiskQuotaBtrfs))), placement.Request{Resources: res, Disk: true, DiskInodes: true}, api.CodeDiskQuotaUnsupported},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newPlacer(t, placement.Config{Fleet: tt.fleet, Strategy: placement.Random})
+			got, err := chosen(t, p, tt.req, 200)
+			if strings.HasPrefix(tt.want, "[") {
+				if err != nil || fmt.Sprint(got) != tt.want {
+					t.Fatalf("got %v, %v; want %s", got, err, tt.want)
+				}
+				return
+			}
+			if !errors.Is(err, errdefs.ErrUnavailable) || errdefs.Code(err) != tt.want || !strings.Contains(err.Error(), "without disk") {
+				t.Fatalf("got %v, %v (code %q); want ErrUnavailable %s saying which nodes lack disk quotas", got, err, errdefs.Code(err), tt.want)
+			}
+			t.Logf("error: %v", err)
+		})
+	}
+}
+
 // TestConstraints: a node_selector and a required pool are honoured
 // exactly, never spilled past, and a create no node matches names the
 // constraint and how each node fails it.

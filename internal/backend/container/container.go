@@ -37,6 +37,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/internal/backend"
+	"github.com/warrenhq/warren/internal/diskquota"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/image"
 )
@@ -81,6 +82,7 @@ type Container struct {
 	noSwapCtl  bool   // cgroup v1 without swap accounting: cannot set memsw
 	rlimits    []specs.POSIXRlimit
 	runcEnv    []string
+	quota      *diskquota.Quota // limits each sandbox directory (disk.go)
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
@@ -146,6 +148,7 @@ func New(cfg Config) (*Container, error) {
 	c.noSwapCtl = cgroupV1WithoutSwap()
 	c.rlimits = sandboxRlimits()
 	c.runcEnv = runcEnv()
+	c.quota = diskquota.Detect(c.sandboxDir)
 	return c, nil
 }
 

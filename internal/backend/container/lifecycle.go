@@ -64,7 +64,11 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	undo = append(undo, func() error { return c.removeDir(id) })
-	upper, work, root := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "rootfs")
+	rw, err := c.prepareWritable(id, spec.Resources) // disk.go
+	if err != nil {
+		return fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	upper, work, root := filepath.Join(rw, "upper"), filepath.Join(rw, "work"), filepath.Join(dir, "rootfs")
 	for _, d := range []string{upper, work, root} {
 		if err := os.Mkdir(d, 0o755); err != nil {
 			return fmt.Errorf("create sandbox %s: %w", id, err)
@@ -82,7 +86,9 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 		lower[len(lower)-1-i] = mp // overlayfs wants the top layer first
 	}
 
-	if err := mountOverlay(lower, upper, work, root); err != nil {
+	// Bind: on ext4 the overlay must not write as root with CAP_SYS_RESOURCE,
+	// or it would pass the disk limit (disk.go).
+	if err := c.quota.Bind(diskLimit(spec.Resources), func() error { return mountOverlay(lower, upper, work, root) }); err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	undo = append(undo, func() error { return unmountAll(root) })
@@ -130,7 +136,7 @@ func validateSpec(spec backend.Spec) error {
 		return errdefs.Invalid("sandbox %s: no layers", spec.ID)
 	}
 	r := spec.Resources
-	if r.CPU < 0 || r.Memory < 0 || r.PIDs < 0 {
+	if r.CPU < 0 || r.Memory < 0 || r.PIDs < 0 || r.Disk < 0 || r.DiskInodes < 0 {
 		return errdefs.Invalid("sandbox %s: negative resources %+v", spec.ID, r)
 	}
 	if r.CPU > 0 && r.CPU*cfsPeriod < 1000 {
@@ -362,6 +368,9 @@ func (c *Container) removeDir(id string) error {
 		return err
 	} else if mounted {
 		return fmt.Errorf("%s is still mounted", root)
+	}
+	if err := c.releaseWritable(id); err != nil { // disk.go
+		return err
 	}
 	return os.RemoveAll(c.dir(id))
 }
