@@ -25,6 +25,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -49,10 +50,53 @@ func main() {
 	rounds := flag.Int("rounds", 3, "rounds (report median and spread)")
 	keep := flag.Bool("keep", false, "keep the temporary data dir")
 	withTLS := flag.Bool("tls", false, "also measure warren with its API over TLS (peer warren+tls)")
+	flag.StringVar(&binA, "bin", "", "run the warren peer as `BIN up` in a process of its own instead of in this one")
+	flag.StringVar(&binB, "b-bin", "", "also measure `BIN up` (another build, e.g. the previous commit's) as peer warren-b, in a process of its own; with -bin, an A/B of two builds")
 	flag.Parse()
 	if err := run(*n, *conc, *rounds, *keep, *withTLS); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/create:", err)
 		os.Exit(1)
+	}
+}
+
+// binA and binB are -bin and -b-bin.
+var binA, binB string
+
+// upProc runs `bin up` on dataDir in a process of its own, serving no
+// FnCall and publishing no runtime images, until ctx ends, and returns a
+// client of it.
+func upProc(ctx context.Context, bin, dataDir string) (*client.Client, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	logf, err := os.Create(dataDir + ".log")
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, bin, "up", "--data-dir", dataDir, "--listen", addr, "--no-fn",
+		"--image-cache", filepath.Join(dataDir, "no-images"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Cancel = func() error { return cmd.Process.Signal(unix.SIGTERM) }
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() { cmd.Wait(); logf.Close() }()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		tok, err := os.ReadFile(filepath.Join(dataDir, daemon.AdminTokenFile))
+		if err == nil && len(strings.TrimSpace(string(tok))) > 0 {
+			c := client.New("http://"+addr, strings.TrimSpace(string(tok)))
+			if _, err := c.GetImage(ctx, "busybox"); err == nil {
+				return c, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%s up did not answer within a minute (log: %s.log)", bin, dataDir)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
@@ -132,7 +176,12 @@ func run(n, conc, rounds int, keep, withTLS bool) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
-	c, err := up(ctx, filepath.Join(dir, "warren"), false, withTLS)
+	var c *client.Client
+	if binA != "" {
+		c, err = upProc(ctx, binA, filepath.Join(dir, "warren"))
+	} else {
+		c, err = up(ctx, filepath.Join(dir, "warren"), false, withTLS || binB != "")
+	}
 	if err != nil {
 		return err
 	}
@@ -193,6 +242,22 @@ func run(n, conc, rounds int, keep, withTLS bool) error {
 		}{"warren+tls", "/warren/" + tlsNode, warrenCreate(ct)})
 	}
 
+	if binB != "" {
+		cb, err := upProc(ctx, binB, filepath.Join(dir, "warren-b"))
+		if err != nil {
+			return fmt.Errorf("warren-b: %w", err)
+		}
+		bNode, err := nodeOf(ctx, cb)
+		if err != nil {
+			return fmt.Errorf("warren-b: %w", err)
+		}
+		peers = append(peers, struct {
+			name   string
+			cgroup string
+			create func(context.Context) (func(), error)
+		}{"warren-b", "/warren/" + bNode, warrenCreate(cb)})
+	}
+
 	fmt.Printf("bench/create: n=%d per mode, %d concurrent clients, %d rounds, %s\n", n, conc, rounds, time.Now().UTC().Format(time.RFC3339))
 	fmt.Printf("peers: warren = REST API -> agent -> container backend; runc = overlay + `runc run -d` with runc's default spec;\n" +
 		"       runc+hardened = the same with warren's OCI spec (seccomp, masked paths, catatonit init)\n")
@@ -232,6 +297,11 @@ func run(n, conc, rounds int, keep, withTLS bool) error {
 			rr := results[peer+" "+m.name]
 			fmt.Printf("     warren/%-14s throughput %.2fx (target >= 0.8)   p99 %.2fx (target <= 2)\n", peer,
 				median(w, rate)/median(rr, rate), median(w, p99)/median(rr, p99))
+		}
+		if wb := results["warren-b "+m.name]; len(wb) > 0 {
+			p50 := func(s stats) float64 { return ms(s.p50) }
+			fmt.Printf("     warren-b/warren       throughput %.2fx   p50 %.2fx   p99 %.2fx (%s against %s)\n",
+				median(wb, rate)/median(w, rate), median(wb, p50)/median(w, p50), median(wb, p99)/median(w, p99), binB, orDefault(binA, "this build in-process"))
 		}
 		if wt := results["warren+tls "+m.name]; len(wt) > 0 {
 			fmt.Printf("     warren+tls/warren     throughput %.2fx   p50 %.2fx   p99 %.2fx (TLS on/off)\n",
@@ -448,4 +518,11 @@ func writeSpec(bundle, id string, template []byte) error {
 		return err
 	}
 	return os.WriteFile(filepath.Join(bundle, "config.json"), out, 0o644)
+}
+
+func orDefault(s, d string) string {
+	if s == "" {
+		return d
+	}
+	return s
 }
