@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -36,13 +37,44 @@ func BtrfsDir(t testing.TB, size int64) string {
 	if out, err := exec.Command("mount", "-o", "loop", img, mnt).CombinedOutput(); err != nil {
 		t.Fatalf("mount btrfs image: %v: %s", err, out)
 	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(mnt, 0); err != nil {
-			t.Errorf("unmount %s: %v", mnt, err)
-			unix.Unmount(mnt, unix.MNT_DETACH)
-		}
-	})
+	t.Cleanup(func() { unmountTree(t, mnt) })
 	return mnt
+}
+
+// unmountTree unmounts mnt after whatever is still mounted below it (a
+// node's shared layer mounts outlive its sandboxes), retrying for a few
+// seconds while a process that held it open (a warren just stopped) ends.
+func unmountTree(t testing.TB, mnt string) {
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		subs := mountsBelow(mnt)
+		for i := len(subs) - 1; i >= 0; i-- {
+			unix.Unmount(subs[i], unix.MNT_DETACH)
+		}
+		if err = unix.Unmount(mnt, 0); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		t.Errorf("unmount %s: %v", mnt, err)
+		unix.Unmount(mnt, unix.MNT_DETACH)
+	}
+}
+
+// mountsBelow lists the mount points strictly below dir, in mount order.
+func mountsBelow(dir string) []string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			out = append(out, f[4])
+		}
+	}
+	return out
 }
 
 // ProjectQuotaDir mounts a fresh xfs or ext4 filesystem (fstype) of size
@@ -80,11 +112,6 @@ func ProjectQuotaDir(t testing.TB, fstype string, size int64) string {
 		t.Skipf("this kernel cannot mount %s with project quotas (mount -o loop,prjquota: %v: %s); the %s quota path runs where it can",
 			fstype, err, strings.TrimSpace(string(out)), fstype)
 	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(mnt, 0); err != nil {
-			t.Errorf("unmount %s: %v", mnt, err)
-			unix.Unmount(mnt, unix.MNT_DETACH)
-		}
-	})
+	t.Cleanup(func() { unmountTree(t, mnt) })
 	return mnt
 }
