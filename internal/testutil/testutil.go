@@ -68,3 +68,11 @@ func RequireContainers(t testing.TB) {
 	RequireKernelFeature(t, "overlay")
 	RequireKernelFeature(t, "erofs")
 }
+
+// RequireQEMU needs qemu-system-x86_64 (Debian's qemu-system-x86;
+// scripts/test-cgroup-v2 installs it). No /dev/kvm is needed: QEMU falls
+// back to TCG.
+func RequireQEMU(t testing.TB) {
+	t.Helper()
+	RequireBinary(t, "qemu-system-x86_64")
+}
