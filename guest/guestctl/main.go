@@ -5,7 +5,9 @@
 //	guestctl initramfs -init BIN -modules DIR -load m1,m2,... -o FILE
 //	guestctl boot -kernel K -initrd I [-disk IMG[:ro]]... [-share TAG=DIR[:ro]]...
 //	              [-append 'WORD ...'] [-cpus N] [-mem MiB] [-timeout D] [-log FILE]
+//	guestctl accel
 //
+// accel prints the accelerator boot would use and why: "tcg<TAB>reason".
 // boot prints the accelerator it chose and why, copies the serial console
 // to stdout (and -log), and exits with the status the guest reported
 // (guest/init prints it last); 124 on timeout, 125 if the guest reported
@@ -29,7 +31,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: guestctl initramfs|boot [flags]")
+		fmt.Fprintln(os.Stderr, "usage: guestctl initramfs|boot|accel [flags]")
 		os.Exit(2)
 	}
 	var err error
@@ -39,8 +41,11 @@ func main() {
 		err = mkInitramfs(os.Args[2:])
 	case "boot":
 		code, err = boot(os.Args[2:])
+	case "accel":
+		a, why := qemu.DetectAccel()
+		fmt.Printf("%s\t%s\n", a, why)
 	default:
-		err = fmt.Errorf("unknown command %q (want initramfs or boot)", os.Args[1])
+		err = fmt.Errorf("unknown command %q (want initramfs, boot or accel)", os.Args[1])
 		code = 2
 	}
 	if err != nil {
