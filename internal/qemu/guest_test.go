@@ -16,9 +16,9 @@ import (
 // makes one (--print-guest prints where) and sets it for this test.
 const GuestEnv = "WARREN_QEMU_GUEST"
 
-// TestGuestBoot boots the guest twice: once to run /bin/true from its root,
-// once to run a script from a 9p share that writes a file back; each must
-// report its own exit status.
+// TestGuestBoot boots the guest twice: once paused, let run over QMP, to
+// run /bin/true from its root; once to run a script from a 9p share that
+// writes a file back. Each must report its own exit status.
 func TestGuestBoot(t *testing.T) {
 	dir := os.Getenv(GuestEnv)
 	if dir == "" {
@@ -33,7 +33,7 @@ func TestGuestBoot(t *testing.T) {
 	}
 	accel, why := DetectAccel()
 	t.Logf("accelerator %s: %s", accel, why)
-	boot := func(t *testing.T, work string, cmdline ...string) (int, string) {
+	boot := func(t *testing.T, work string, qmp bool, cmdline ...string) (int, string) {
 		m := Machine{
 			Accel: accel, CPUs: 1, MemoryMiB: 512, RNG: true,
 			Kernel: filepath.Join(dir, "vmlinuz"), Initrd: filepath.Join(dir, "initrd"),
@@ -45,17 +45,42 @@ func TestGuestBoot(t *testing.T) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
+		if qmp {
+			// Start paused; QMP says so and lets it run.
+			m.QMP, m.Extra = filepath.Join(t.TempDir(), "qmp.sock"), []string{"-S"}
+		}
 		var out strings.Builder
 		start := time.Now()
-		st, err := Run(ctx, m, NewConsole(&out))
+		p, err := Start(ctx, m, NewConsole(&out))
 		if err != nil {
-			t.Fatalf("boot: %v\nconsole:\n%s", err, out.String())
+			t.Fatal(err)
+		}
+		if qmp {
+			q, err := DialQMP(ctx, m.QMP)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st, err := q.Status(ctx); err != nil || st != "prelaunch" {
+				t.Errorf("status before cont: %q, %v; want prelaunch", st, err)
+			}
+			if err := q.Execute(ctx, "cont", nil, nil); err != nil {
+				t.Fatal(err)
+			}
+			if st, err := q.Status(ctx); err != nil || st != "running" {
+				t.Errorf("status after cont: %q, %v; want running", st, err)
+			}
+			q.Close()
+		}
+		err = p.Wait()
+		st, ok := p.Console.ExitStatus()
+		if err != nil || !ok {
+			t.Fatalf("boot: %v (status reported: %v)\nconsole:\n%s", err, ok, out.String())
 		}
 		t.Logf("guest ran %s", time.Since(start).Round(100*time.Millisecond))
 		return st, out.String()
 	}
 	t.Run("true", func(t *testing.T) {
-		st, out := boot(t, "", "warren.exec=/bin/true")
+		st, out := boot(t, "", true, "warren.exec=/bin/true")
 		if st != 0 || !strings.Contains(out, "running /bin/true") {
 			t.Fatalf("exit status %d, want 0; console:\n%s", st, out)
 		}
@@ -66,7 +91,7 @@ func TestGuestBoot(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(work, "run.sh"), []byte(script), 0o755); err != nil {
 			t.Fatal(err)
 		}
-		st, out := boot(t, work, "warren.share=work:/work", "warren.exec=/work/run.sh", "warren.status=/work/status")
+		st, out := boot(t, work, false, "warren.share=work:/work", "warren.exec=/work/run.sh", "warren.status=/work/status")
 		if st != 3 {
 			t.Fatalf("exit status %d, want 3; console:\n%s", st, out)
 		}
