@@ -133,6 +133,9 @@ type Token struct {
 	CreatedAt   time.Time `json:"created_at"`
 	CreatedBy   string    `json:"created_by,omitempty"` // token id
 	ExpiresAt   time.Time `json:"expires_at,omitzero"`  // zero: never
+	// Node, on a node token, is the one node name it registers (empty:
+	// any name, never one a live agent holds).
+	Node string `json:"node,omitempty"`
 }
 
 // TokenList is the body of GET /v1/tokens.
@@ -154,7 +157,15 @@ type CreateTokenRequest struct {
 	TTL         Duration `json:"ttl,omitempty"`
 	Name        string   `json:"name,omitempty"`
 	Description string   `json:"description,omitempty"`
+	// Node binds a node token to one node name: an agent holding it
+	// registers as that name only (role node only; NodeNamePattern).
+	Node string `json:"node,omitempty"`
 }
+
+// NodeNameMax is the longest node name; a name is 1 to NodeNameMax of
+// [a-z0-9.-], starting and ending with a letter or digit (a DNS label's
+// rules, with dots).
+const NodeNameMax = 63
 
 // CreatedToken is the answer to POST /v1/tokens: the token and its secret,
 // which the server shows this once.
@@ -179,4 +190,12 @@ const (
 	CodeIdempotencyLost     = "idempotency_claim_lost" // 409: the create took so long another request took its key over
 	CodeQuotaExceeded       = "quota_exceeded"         // 429 with Retry-After
 	CodeRateLimited         = "rate_limited"           // 429 with Retry-After
+)
+
+// Error codes of node registration (node tokens and agents).
+const (
+	CodeNodeNameMismatch = "node_name_mismatch" // 403: the node token is bound to another node name
+	CodeNodeNotOwner     = "node_not_owner"     // 403: the registration, its lease or the node id belongs to another agent
+	CodeNodeRegistered   = "node_registered"    // 409: another agent holds this node id's live registration
+	CodeNodeNameTaken    = "node_name_taken"    // 409: another live agent registered this node name
 )

@@ -92,18 +92,22 @@ func resolves(root map[string]any, ref string) bool {
 func TestOpenAPIMatchesTypes(t *testing.T) {
 	doc, _ := loadOpenAPI(t)
 	for name, v := range map[string]any{
-		"Node":           api.Node{},
-		"FnRunRequest":   api.FnRunRequest{},
-		"FnFile":         api.FnFile{},
-		"FnCase":         api.FnCase{},
-		"FnLimits":       api.FnLimits{},
-		"FnCaseResult":   api.FnCaseResult{},
-		"FnResult":       api.FnResult{},
-		"FnBatchRequest": api.FnBatchRequest{},
-		"FnBatchResult":  api.FnBatchResult{},
-		"FnBatchItem":    api.FnBatchItem{},
-		"FnRuntime":      api.FnRuntime{},
-		"FnRuntimeList":  api.FnRuntimeList{},
+		"Node":                 api.Node{},
+		"CreateSandboxRequest": api.CreateSandboxRequest{},
+		"ExecRequest":          api.ExecRequest{},
+		"FnRunRequest":         api.FnRunRequest{},
+		"FnFile":               api.FnFile{},
+		"FnCase":               api.FnCase{},
+		"FnLimits":             api.FnLimits{},
+		"FnCaseResult":         api.FnCaseResult{},
+		"FnResult":             api.FnResult{},
+		"FnBatchRequest":       api.FnBatchRequest{},
+		"FnBatchResult":        api.FnBatchResult{},
+		"FnBatchItem":          api.FnBatchItem{},
+		"FnRuntime":            api.FnRuntime{},
+		"FnRuntimeList":        api.FnRuntimeList{},
+		"SandboxStats":         api.SandboxStats{},
+		"ExecEvent":            api.ExecEvent{},
 	} {
 		s, ok := doc.Components.Schemas[name]
 		if !ok {
@@ -119,7 +123,7 @@ func TestOpenAPIMatchesTypes(t *testing.T) {
 			t.Errorf("schema %s has properties %v; the Go type has %v", name, documented, want)
 		}
 	}
-	for _, p := range []string{"/v1/fn/run", "/v1/fn/batch", "/v1/fn/runtimes"} {
+	for _, p := range []string{"/v1/fn/run", "/v1/fn/batch", "/v1/fn/runtimes", "/v1/sandboxes/{id}/stats"} {
 		if _, ok := doc.Paths[p]; !ok {
 			t.Errorf("path %s is not documented", p)
 		}
@@ -148,7 +152,8 @@ func TestOpenAPIErrorCodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, code := range []string{api.CodeRuntimeNotFound, api.CodeRuntimeUnavailable, api.CodeFnOverloaded} {
+	for _, code := range []string{api.CodeRuntimeNotFound, api.CodeRuntimeUnavailable, api.CodeFnOverloaded,
+		api.CodeTooLarge, api.CodeNoCapacity, api.CodeNoMatchingNode} {
 		if !strings.Contains(string(b), code) {
 			t.Errorf("openapi.yaml does not list error code %s", code)
 		}

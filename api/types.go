@@ -49,6 +49,13 @@ type CreateSandboxRequest struct {
 	Labels      map[string]string `json:"labels,omitempty"`
 	TTL         Duration          `json:"ttl,omitempty"`          // lifetime; 0 = server default
 	IdleTimeout Duration          `json:"idle_timeout,omitempty"` // 0 = none
+	// NodeSelector restricts placement to nodes carrying every one of
+	// these labels with exactly that value (warren agent --label).
+	NodeSelector map[string]string `json:"node_selector,omitempty"`
+	// Pool restricts placement to one node pool (PoolOnPrem or
+	// PoolCloud), with no spill to the other. Empty: the home pool, and
+	// the burst pool for burstable work when the home pool is full.
+	Pool string `json:"pool,omitempty"`
 	// Project the sandbox belongs to and is counted against ("a/b"); empty
 	// means the calling token's own project. A token creates only within
 	// its project's subtree.
@@ -142,7 +149,8 @@ type ExecRequest struct {
 	// StdinEncoding is "" for UTF-8 text or "base64" for arbitrary bytes.
 	StdinEncoding string   `json:"stdin_encoding,omitempty"`
 	Timeout       Duration `json:"timeout,omitempty"` // 0 = server default
-	// MaxOutput caps stdout and stderr each; 0 = server default (1 MiB).
+	// MaxOutput caps stdout and stderr each; 0 = server default (1 MiB),
+	// at most MaxExecOutput.
 	MaxOutput Quantity `json:"max_output,omitempty"`
 	// Stream asks for an NDJSON stream of ExecEvent instead of one
 	// ExecResult. "Accept: application/x-ndjson" does the same.
@@ -195,6 +203,9 @@ type ExecEvent struct {
 	Encoding string      `json:"encoding,omitempty"`
 	Result   *ExecResult `json:"result,omitempty"`
 	Error    *Error      `json:"error,omitempty"`
+	// Status is, with Error, the HTTP status the error would have had
+	// before the stream started, so its kind survives the stream.
+	Status int `json:"status,omitempty"`
 }
 
 // FileInfo describes a path inside a sandbox (HEAD/GET on files sets the
@@ -204,6 +215,19 @@ type FileInfo struct {
 	Size  int64  `json:"size"`
 	Mode  uint32 `json:"mode"` // permission bits
 	IsDir bool   `json:"is_dir"`
+}
+
+// SandboxStats is a sandbox's resource use now (GET
+// /v1/sandboxes/{id}/stats), as its cgroups count it.
+type SandboxStats struct {
+	// CPUSeconds is the CPU time its processes used, ever.
+	CPUSeconds float64 `json:"cpu_seconds"`
+	// Memory is what it holds now, page cache included; MemoryPeak the
+	// most it ever held (0 where the host does not say).
+	Memory     int64 `json:"memory"`
+	MemoryPeak int64 `json:"memory_peak"`
+	// PIDs counts its processes and threads now.
+	PIDs int64 `json:"pids"`
 }
 
 // Image is an environment as a sandbox starts from it: its layers resolved
@@ -335,7 +359,10 @@ const (
 
 // Node is the API view of one node agent.
 type Node struct {
-	ID      string `json:"id"`
+	ID string `json:"id"`
+	// Name is the node's name (`warren agent --node-name`, or the name
+	// its node token is bound to); empty for a node that has none.
+	Name    string `json:"name,omitempty"`
 	Address string `json:"address,omitempty"`
 	// Pool is PoolOnPrem (also when empty) or PoolCloud.
 	Pool string `json:"pool,omitempty"`
@@ -379,7 +406,8 @@ type ErrorBody struct {
 
 // Stable error codes. Clients switch on these, never on messages.
 const (
-	CodeInvalid            = "invalid_argument"    // 400
+	CodeInvalid = "invalid_argument" // 400
+	// CodeTooLarge (400, limits.go) is a field over its documented limit.
 	CodeUnauthenticated    = "unauthenticated"     // 401
 	CodeForbidden          = "forbidden"           // 403
 	CodeNotFound           = "not_found"           // 404
@@ -388,6 +416,7 @@ const (
 	CodeLayerNotFound      = "layer_not_found"     // 404
 	CodeEnvNotFound        = "env_not_found"       // 404
 	CodeFileNotFound       = "file_not_found"      // 404
+	CodeNotSupported       = "not_supported"       // 400: the sandbox's backend has no such call
 	CodeConflict           = "conflict"            // 409
 	CodeLayerExists        = "layer_exists"        // 409
 	CodeEnvExists          = "env_exists"          // 409
@@ -402,3 +431,12 @@ const (
 	CodeNodeUnreachable    = "node_unreachable"    // 503: the node did not answer
 	CodeInternal           = "internal"            // 500
 )
+
+// CodeSandboxGone (409 Conflict) says the platform ended the sandbox under
+// the call, or before it could be answered, and why: the message names the
+// reason ("ttl expired", "idle timeout", "deleted", "node shutting down").
+// It is also the answer to an idempotency key replayed after its sandbox
+// was deleted. It is never the workload's doing: a trainer should mask the
+// rollout rather than score it. 409 like sandbox_not_running, rather than
+// 410, so that every client that knows the status classes knows it.
+const CodeSandboxGone = "sandbox_gone"

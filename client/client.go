@@ -11,6 +11,7 @@ package client
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -46,6 +47,8 @@ type Client struct {
 	hc        *http.Client
 	userAgent string
 	retry     RetryPolicy
+	tls       *tls.Config // WithCAFile, WithTLSConfig
+	err       error       // an option that failed: every call answers it
 
 	// sleep waits d or until ctx ends; tests replace it.
 	sleep func(ctx context.Context, d time.Duration) error
@@ -96,8 +99,12 @@ func New(addr, token string, opts ...Option) *Client {
 		retry:     DefaultRetry,
 		sleep:     sleepCtx,
 	}
+	hc := c.hc
 	for _, o := range opts {
 		o(c)
+	}
+	if c.hc == hc && c.tls != nil { // no WithHTTPClient: TLS options apply
+		c.hc = httpClientTLS(c.tls)
 	}
 	if c.hc == nil {
 		c.hc = defaultHTTPClient()
@@ -179,6 +186,9 @@ func (c *Client) newRequest(ctx context.Context, r request) (*http.Request, erro
 // consumes the body and returns it decoded as *Error. The caller closes the
 // body of a returned response.
 func (c *Client) do(ctx context.Context, r request) (*http.Response, error) {
+	if c.err != nil {
+		return nil, c.err
+	}
 	req, err := c.newRequest(ctx, r)
 	if err != nil {
 		return nil, err
@@ -188,7 +198,7 @@ func (c *Client) do(ctx context.Context, r request) (*http.Response, error) {
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return nil, ctxErr
 		}
-		return nil, err
+		return nil, c.tlsErr(err)
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		defer resp.Body.Close()

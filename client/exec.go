@@ -104,7 +104,7 @@ func DecodeExecStream(r io.Reader, stdout, stderr io.Writer) (*api.ExecResult, e
 		}
 		switch {
 		case ev.Error != nil:
-			return nil, fromAPIError(0, ev.Error)
+			return nil, fromAPIError(ev.Status, ev.Error)
 		case ev.Result != nil:
 			return ev.Result, nil
 		case ev.Stream == "stdout" || ev.Stream == "stderr":

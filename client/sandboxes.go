@@ -131,3 +131,17 @@ func (c *Client) Health(ctx context.Context) error {
 	resp.Body.Close()
 	return nil
 }
+
+// Stats reports a running sandbox's resource use now (GET
+// /v1/sandboxes/{id}/stats).
+func (c *Client) Stats(ctx context.Context, id string) (*api.SandboxStats, error) {
+	p, err := sandboxPath(id, "/stats")
+	if err != nil {
+		return nil, err
+	}
+	var st api.SandboxStats
+	if err := c.doJSON(ctx, http.MethodGet, p, nil, nil, &st); err != nil {
+		return nil, err
+	}
+	return &st, nil
+}

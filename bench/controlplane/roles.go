@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/backend"
+	"github.com/warrenhq/warren/internal/backend/fake"
 	"github.com/warrenhq/warren/internal/daemon"
 	"github.com/warrenhq/warren/internal/fleet"
 	"github.com/warrenhq/warren/internal/node"
@@ -166,9 +168,11 @@ func runAgents(ctx context.Context, f roleFlags, ready func(readyMsg)) error {
 				Token:   f.token,
 				Blobs:   f.blobs,
 				Limits:  nodeLimits,
-				Backend: "fake",
-				Log:     log,
-				Ready:   func(addr string) { up <- addr },
+				Simulated: func(dir string) (backend.Backend, error) {
+					return fake.New(dir, fake.Options{Name: api.BackendContainer})
+				},
+				Log:   log,
+				Ready: func(addr string) { up <- addr },
 			})
 			if err != nil && ctx.Err() == nil {
 				errc <- fmt.Errorf("agent %d: %w", i, err)

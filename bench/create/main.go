@@ -4,6 +4,13 @@
 // with their ratio.
 //
 //	sudo go run ./bench/create -n 40 -rounds 3
+//	sudo go run ./bench/create -n 40 -rounds 3 -tls
+//
+// -tls adds the peer warren+tls: a second `warren up` in this process that
+// serves its API over TLS (a CA and a certificate made as `warren cert`
+// does), measured in the same rounds as plain warren, with the ratio of the
+// two. Both then run without FnCall and without publishing runtime images,
+// so that neither's background work weighs on the other.
 //
 // For each round and each mode (sequential, and -c concurrent clients) it
 // creates n sandboxes, timing each create, then removes them untimed. The
@@ -33,6 +40,7 @@ import (
 	"github.com/warrenhq/warren/internal/blob"
 	"github.com/warrenhq/warren/internal/daemon"
 	"github.com/warrenhq/warren/internal/image"
+	"github.com/warrenhq/warren/internal/pki"
 )
 
 func main() {
@@ -40,14 +48,77 @@ func main() {
 	conc := flag.Int("c", 4, "concurrent clients in the concurrent mode")
 	rounds := flag.Int("rounds", 3, "rounds (report median and spread)")
 	keep := flag.Bool("keep", false, "keep the temporary data dir")
+	withTLS := flag.Bool("tls", false, "also measure warren with its API over TLS (peer warren+tls)")
 	flag.Parse()
-	if err := run(*n, *conc, *rounds, *keep); err != nil {
+	if err := run(*n, *conc, *rounds, *keep, *withTLS); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/create:", err)
 		os.Exit(1)
 	}
 }
 
-func run(n, conc, rounds int, keep bool) error {
+// up runs `warren up` on dataDir until ctx ends and returns a client of it:
+// over TLS with a certificate of its own CA when withTLS.
+func up(ctx context.Context, dataDir string, withTLS, quiet bool) (*client.Client, error) {
+	cfg := daemon.UpConfig{
+		DataDir: dataDir,
+		Listen:  "127.0.0.1:0",
+		Log:     slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	if quiet {
+		cfg.Fn.Disabled, cfg.ImageCache = true, filepath.Join(dataDir, "no-images")
+	}
+	scheme, opts := "http://", []client.Option{}
+	if withTLS {
+		ca := filepath.Join(dataDir, "pki")
+		if err := pki.InitCA(ca); err != nil {
+			return nil, err
+		}
+		crt, err := pki.Issue(ca, "127.0.0.1")
+		if err != nil {
+			return nil, err
+		}
+		cfg.TLS = daemon.TLSConfig{Cert: crt, Key: strings.TrimSuffix(crt, ".crt") + ".key"}
+		scheme, opts = "https://", append(opts, client.WithCAFile(filepath.Join(ca, pki.CACert)))
+	}
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	cfg.Ready = func(addr string) { ready <- addr }
+	go func() { done <- daemon.Up(ctx, cfg) }()
+	var addr string
+	select {
+	case addr = <-ready:
+	case err := <-done:
+		return nil, fmt.Errorf("warren up: %w", err)
+	}
+	tok, err := os.ReadFile(filepath.Join(dataDir, daemon.AdminTokenFile))
+	if err != nil {
+		return nil, err
+	}
+	return client.New(scheme+addr, strings.TrimSpace(string(tok)), opts...), nil
+}
+
+// nodeOf creates and deletes one sandbox to learn c's node id.
+func nodeOf(ctx context.Context, c *client.Client) (string, error) {
+	sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Image: "busybox"})
+	if err != nil {
+		return "", err
+	}
+	id, _, _ := strings.Cut(sb.ID, "-")
+	return id, c.DeleteSandbox(ctx, sb.ID)
+}
+
+func warrenCreate(c *client.Client) func(context.Context) (func(), error) {
+	return func(ctx context.Context) (func(), error) {
+		sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Image: "busybox",
+			Resources: api.Resources{CPU: 0.1, Memory: 64 << 20}})
+		if err != nil {
+			return nil, err
+		}
+		return func() { c.DeleteSandbox(context.Background(), sb.ID) }, nil
+	}
+}
+
+func run(n, conc, rounds int, keep, withTLS bool) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("needs root (runc, mounts)")
 	}
@@ -61,27 +132,10 @@ func run(n, conc, rounds int, keep bool) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- daemon.Up(ctx, daemon.UpConfig{
-			DataDir: filepath.Join(dir, "warren"),
-			Listen:  "127.0.0.1:0",
-			Log:     slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-			Ready:   func(addr string) { ready <- addr },
-		})
-	}()
-	var addr string
-	select {
-	case addr = <-ready:
-	case err := <-done:
-		return fmt.Errorf("warren up: %w", err)
-	}
-	tok, err := os.ReadFile(filepath.Join(dir, "warren", daemon.AdminTokenFile))
+	c, err := up(ctx, filepath.Join(dir, "warren"), false, withTLS)
 	if err != nil {
 		return err
 	}
-	c := client.New("http://"+addr, strings.TrimSpace(string(tok)))
 	img, err := c.GetImage(ctx, "busybox")
 	if err != nil {
 		return err
@@ -119,21 +173,32 @@ func run(n, conc, rounds int, keep bool) error {
 		cgroup string // parent of the peer's container cgroups
 		create func(context.Context) (func(), error)
 	}{
-		{"warren", "/warren/" + nodeID, func(ctx context.Context) (func(), error) {
-			sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Image: "busybox",
-				Resources: api.Resources{CPU: 0.1, Memory: 64 << 20}})
-			if err != nil {
-				return nil, err
-			}
-			return func() { c.DeleteSandbox(context.Background(), sb.ID) }, nil
-		}},
+		{"warren", "/warren/" + nodeID, warrenCreate(c)},
 		{"runc", "/wbench-raw", func(ctx context.Context) (func(), error) { return raw.create(ctx, raw.defaultSpec) }},
 		{"runc+hardened", "/wbench-raw", func(ctx context.Context) (func(), error) { return raw.create(ctx, hardened) }},
+	}
+	if withTLS {
+		ct, err := up(ctx, filepath.Join(dir, "warren-tls"), true, true)
+		if err != nil {
+			return fmt.Errorf("warren over TLS: %w", err)
+		}
+		tlsNode, err := nodeOf(ctx, ct)
+		if err != nil {
+			return fmt.Errorf("warren over TLS: %w", err)
+		}
+		peers = append(peers, struct {
+			name   string
+			cgroup string
+			create func(context.Context) (func(), error)
+		}{"warren+tls", "/warren/" + tlsNode, warrenCreate(ct)})
 	}
 
 	fmt.Printf("bench/create: n=%d per mode, %d concurrent clients, %d rounds, %s\n", n, conc, rounds, time.Now().UTC().Format(time.RFC3339))
 	fmt.Printf("peers: warren = REST API -> agent -> container backend; runc = overlay + `runc run -d` with runc's default spec;\n" +
 		"       runc+hardened = the same with warren's OCI spec (seccomp, masked paths, catatonit init)\n")
+	if withTLS {
+		fmt.Printf("       warren+tls = a second warren up serving its API over TLS 1.3 (ECDSA P-256); both warrens without FnCall or runtime images\n")
+	}
 	modes := []struct {
 		name string
 		c    int
@@ -167,6 +232,11 @@ func run(n, conc, rounds int, keep bool) error {
 			rr := results[peer+" "+m.name]
 			fmt.Printf("     warren/%-14s throughput %.2fx (target >= 0.8)   p99 %.2fx (target <= 2)\n", peer,
 				median(w, rate)/median(rr, rate), median(w, p99)/median(rr, p99))
+		}
+		if wt := results["warren+tls "+m.name]; len(wt) > 0 {
+			fmt.Printf("     warren+tls/warren     throughput %.2fx   p50 %.2fx   p99 %.2fx (TLS on/off)\n",
+				median(wt, rate)/median(w, rate), median(wt, func(s stats) float64 { return ms(s.p50) })/median(w, func(s stats) float64 { return ms(s.p50) }),
+				median(wt, p99)/median(w, p99))
 		}
 	}
 	return nil

@@ -321,11 +321,15 @@ builder (+ layers and environments), admin (+ sub-projects and tokens),
 node (a node agent joining; root admins only). A token never outranks or
 outlives the one that mints it.`,
 		Example: `  warren token create --project research/rl-math --role runner --ttl 30d --name trainer-7
-  export WARREN_TOKEN=$(warren token create --project research/rl-math --role admin --ttl 7d)`,
+  export WARREN_TOKEN=$(warren token create --project research/rl-math --role admin --ttl 7d)
+  warren token create --role node --node rack2-node7 > rack2-node7.token`,
 		Args: noArgs,
 	}, "secret", func(cmd *cobra.Command, args []string) (*api.CreatedToken, error) {
 		if req.Role == "" {
 			return nil, usagef("--role is required (reader, runner, builder, admin or node)")
+		}
+		if req.Node != "" && req.Role != api.RoleNode {
+			return nil, usagef("--node binds a node token: it needs --role node")
 		}
 		if ttl != "" {
 			d, err := parseTTL(ttl)
@@ -341,8 +345,12 @@ outlives the one that mints it.`,
 		if !t.Token.ExpiresAt.IsZero() {
 			exp = "expires " + t.Token.ExpiresAt.Local().Format(time.RFC3339)
 		}
-		fmt.Fprintf(a.stderr, "token %s: %s of %s, %s. The secret above is shown only once.\n",
-			t.Token.ID, t.Token.Role, displayPath(t.Token.Project), exp)
+		bound := ""
+		if t.Token.Node != "" {
+			bound = ", bound to node " + t.Token.Node
+		}
+		fmt.Fprintf(a.stderr, "token %s: %s of %s%s, %s. The secret above is shown only once.\n",
+			t.Token.ID, t.Token.Role, displayPath(t.Token.Project), bound, exp)
 		return nil
 	})
 	f := c.Flags()
@@ -351,6 +359,7 @@ outlives the one that mints it.`,
 	f.StringVar(&ttl, "ttl", "", "lifetime, e.g. 30d or 12h (default: the creating token's own)")
 	f.StringVar(&req.Name, "name", "", "a name to recognise it by, e.g. trainer-7")
 	f.StringVar(&req.Description, "description", "", "what it is for")
+	f.StringVar(&req.Node, "node", "", "bind a node token to this node name: an agent holding it registers only as that name")
 	return c
 }
 
@@ -366,7 +375,7 @@ func newTokenLsCmd(a *app) *cobra.Command {
 		return api.TokenList{Tokens: nonNil(list)}, err
 	}, func(w io.Writer, list api.TokenList) error {
 		now := time.Now()
-		tw := newTable(w, "ID", "NAME", "PROJECT", "ROLE", "EXPIRES", "CREATED")
+		tw := newTable(w, "ID", "NAME", "PROJECT", "ROLE", "NODE", "EXPIRES", "CREATED")
 		for _, t := range list.Tokens {
 			exp := "never"
 			switch {
@@ -376,7 +385,7 @@ func newTokenLsCmd(a *app) *cobra.Command {
 			default:
 				exp = "in " + age(now, t.ExpiresAt) // age measures ExpiresAt - now here
 			}
-			row(tw, t.ID, orDash(t.Name), displayPath(t.Project), t.Role, exp, age(t.CreatedAt, now))
+			row(tw, t.ID, orDash(t.Name), displayPath(t.Project), t.Role, orDash(t.Node), exp, age(t.CreatedAt, now))
 		}
 		return tw.Flush()
 	})

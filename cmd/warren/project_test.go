@@ -133,6 +133,28 @@ func TestProjectAndTokenVerbs(t *testing.T) {
 	if !strings.Contains(r.stdout, "trainer-7") || !strings.Contains(r.stdout, "runner") || !strings.Contains(r.stdout, "in 29d") {
 		t.Errorf("token ls:\n%s", r.stdout)
 	}
+	// A node token bound to a node name: shown by create and ls.
+	fails(2, "--node binds a node token", rootSecret, "token", "create", "--role", "runner", "--node", "rack2-node7")
+	fails(1, "(invalid_argument)", rootSecret, "token", "create", "--role", "node", "--node", "Rack2_Node7")
+	r = ok(rootSecret, "token", "create", "--role", "node", "--project", "/", "--node", "rack2-node7", "--name", "rack2")
+	if !strings.Contains(r.stderr, "bound to node rack2-node7") {
+		t.Errorf("token create --node: stderr %q", r.stderr)
+	}
+	if r = ok(rootSecret, "token", "ls", "--project", "/"); !strings.Contains(r.stdout, "NODE") || !strings.Contains(r.stdout, "rack2-node7") {
+		t.Errorf("token ls shows no bound node:\n%s", r.stdout)
+	}
+	var bound api.TokenList
+	if err := json.Unmarshal([]byte(ok(rootSecret, "token", "ls", "--project", "/", "-o", "json").stdout), &bound); err != nil {
+		t.Fatal(err)
+	}
+	for _, tok := range bound.Tokens {
+		if tok.Name == "rack2" && tok.Node != "rack2-node7" {
+			t.Errorf("token %+v: want node rack2-node7", tok)
+		}
+		if tok.Name == "rack2" {
+			ok(rootSecret, "token", "revoke", tok.ID)
+		}
+	}
 	var list api.TokenList
 	if err := json.Unmarshal([]byte(ok(rootSecret, "token", "ls", "-o", "json").stdout), &list); err != nil || len(list.Tokens) != 2 {
 		t.Fatalf("token ls -o json: %+v %v", list, err)

@@ -12,11 +12,19 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/daemon"
 	"github.com/warrenhq/warren/internal/placement"
 )
 
 const envNodeToken = "WARREN_NODE_TOKEN"
+
+// backendFake is `warren agent --backend fake`: a simulated node over the
+// fake backend, which isolates nothing. Only a binary built with
+// -tags warrenfake has it (fake.go sets simulatedBackend).
+const backendFake = "fake"
+
+var simulatedBackend func(dir string) (backend.Backend, error)
 
 // serve runs a server role until SIGINT or SIGTERM, logging to stderr.
 func serve(verbose bool, run func(ctx context.Context, log *slog.Logger) error) error {
@@ -46,6 +54,10 @@ The first apiserver of a fresh cluster creates the admin token and writes it to
 "warren token create --role node" (revoke any with "warren token revoke"). Each
 agent registers a secret of its own, which apiservers present when they call it.
 
+--tls-cert and --tls-key serve the API over TLS; --ca (or WARREN_CA) is the CA
+that signed the agents' certificates, which the apiserver verifies when it
+calls an agent registered with an https address. "warren cert" makes both.
+
 Every apiserver and agent must reach the same blob store (--blobs): a directory
 on a filesystem they share, or an S3 bucket, s3://bucket/prefix?endpoint=host:port
 (https; http://host:port for plain HTTP; no endpoint: AWS S3), with &region=R if
@@ -56,6 +68,7 @@ needed and the credentials in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.`,
 				return usagef("--etcd is required")
 			}
 			cfg.Placement.Strategy = placement.Strategy(strategy)
+			cfg.TLS.CA = a.ca
 			return serve(verbose, func(ctx context.Context, log *slog.Logger) error {
 				cfg.Log = log
 				return daemon.APIServer(ctx, cfg)
@@ -65,6 +78,7 @@ needed and the credentials in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.`,
 	f := cmd.Flags()
 	f.StringSliceVar(&cfg.Etcd, "etcd", nil, "etcd endpoints, comma-separated (http://10.0.0.1:2379,...)")
 	f.StringVar(&cfg.Listen, "listen", ":7443", "API listen address")
+	tlsFlags(f, &cfg.TLS)
 	f.StringVar(&cfg.DataDir, "data-dir", dataDirDefault(), "directory for local state (env "+envDataDir+")")
 	f.StringVar(&cfg.Blobs, "blobs", "", "blob store shared by every apiserver and agent: a directory or s3://bucket/prefix?endpoint=host:port (default <data-dir>/blobs)")
 	f.IntVar(&cfg.Placement.K, "k", 0, "nodes sampled per placement (power-of-k; 0: 2)")
@@ -92,6 +106,19 @@ revoked token ends the agent. The node API takes only a secret the agent draws
 at every start and registers with the node. Several agents can share a host if
 their --data-dir differ.
 
+Sandboxes outlive the agent: the next agent on the same --data-dir re-adopts
+them, ends those whose TTL ran out meanwhile, and removes what no sandbox
+record accounts for (cgroups, mounts, runc state), logging each. With
+--stop-sandboxes the agent ends all its sandboxes when it stops instead.
+
+--tls-cert and --tls-key serve the node API over TLS (the agent then registers
+an https address, which apiservers verify with their --ca); --ca is also the CA
+the agent verifies an https --apiserver with. --node-name names the node; a node
+token bound to a name (warren token create --role node --node NAME) registers
+only that name, and no agent takes over the registration of another that is
+alive. Register through --apiserver where hosts are not all trusted: an agent
+given --etcd holds the keys of the whole cluster.
+
 --blobs is the blob store the apiservers use: a directory they all mount, or
 s3://bucket/prefix?endpoint=host:port (see "warren apiserver --help").`,
 		Args: noArgs,
@@ -112,6 +139,13 @@ s3://bucket/prefix?endpoint=host:port (see "warren apiserver --help").`,
 				}
 				cfg.Labels[k] = v
 			}
+			if cfg.Backend == backendFake {
+				if simulatedBackend == nil {
+					return usagef("--backend fake: this warren was built without the fake backend, which isolates nothing (tests build it with -tags warrenfake)")
+				}
+				cfg.Backend, cfg.Simulated = "", simulatedBackend
+			}
+			cfg.TLS.CA = a.ca
 			return serve(verbose, func(ctx context.Context, log *slog.Logger) error {
 				cfg.Log = log
 				return daemon.Agent(ctx, cfg)
@@ -122,7 +156,9 @@ s3://bucket/prefix?endpoint=host:port (see "warren apiserver --help").`,
 	f.StringSliceVar(&cfg.APIServers, "apiserver", nil, "register through an apiserver (URL; several, comma-separated, are tried in order)")
 	f.StringSliceVar(&cfg.Etcd, "etcd", nil, "register in etcd directly (endpoints, comma-separated)")
 	f.StringVar(&cfg.Listen, "listen", ":7444", "node API listen address")
-	f.StringVar(&cfg.Advertise, "advertise", "", "address apiservers dial (default: --listen, its host resolved)")
+	f.StringVar(&cfg.Advertise, "advertise", "", "address apiservers dial (default: --listen, its host resolved; https:// with --tls-cert)")
+	f.StringVar(&cfg.NodeName, "node-name", "", "the node's name, unique in the cluster (default: the name the node token is bound to, if any)")
+	tlsFlags(f, &cfg.TLS)
 	// Shadows the client verbs' --token: here it is the node token.
 	f.StringVar(&cfg.Token, "token", a.getenv(envNodeToken), "node token: an IAM token of role node (env "+envNodeToken+")")
 	f.StringVar(&cfg.DataDir, "data-dir", filepath.Join(dataDirDefault(), "agent"), "directory for the node's state")
@@ -131,9 +167,16 @@ s3://bucket/prefix?endpoint=host:port (see "warren apiserver --help").`,
 	f.StringArrayVar(&labels, "label", nil, "node label key=value (repeatable)")
 	f.StringVar(&cfg.Blobs, "blobs", "", "blob store shared with the apiservers: a directory or s3://bucket/prefix?endpoint=host:port (default <data-dir>/blobs)")
 	f.IntVar(&cfg.Limits.Sandboxes, "max-sandboxes", 0, "sandboxes this node admits (0: 1000)")
-	f.StringVar(&cfg.Backend, "backend", "container", "sandbox backend: container, or fake (a simulated node)")
+	f.StringVar(&cfg.Backend, "backend", "container", "sandbox backend: container")
+	f.BoolVar(&cfg.StopSandboxes, "stop-sandboxes", false, "end every sandbox of this node when the agent stops (default: they keep running and the next agent on --data-dir re-adopts them)")
 	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	return cmd
+}
+
+// tlsFlags are the flags of the roles that serve TLS; --ca is global.
+func tlsFlags(f *pflag.FlagSet, cfg *daemon.TLSConfig) {
+	f.StringVar(&cfg.Cert, "tls-cert", "", "serve TLS with this certificate (PEM; warren cert issue); plain HTTP without")
+	f.StringVar(&cfg.Key, "tls-key", "", "the --tls-cert certificate's key (PEM)")
 }
 
 // fnFlags are the FnCall flags of the roles that run a node.

@@ -24,6 +24,7 @@ type app struct {
 	getenv         func(string) string
 
 	addr, token string // --addr, --token
+	ca          string // --ca: the cluster CA file, for https
 	tokenSource string // where client() found the token: flag, env, file or ""
 }
 
@@ -31,6 +32,7 @@ const (
 	envAddr    = "WARREN_ADDR"
 	envToken   = "WARREN_TOKEN"
 	envDataDir = "WARREN_DATA_DIR"
+	envCA      = "WARREN_CA"
 )
 
 // exitError ends the process with code after whatever was already printed.
@@ -106,11 +108,12 @@ func newRootCmd(a *app) *cobra.Command {
 	}
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.addr, "addr", defAddr, "API address (env "+envAddr+")")
+	pf.StringVar(&a.ca, "ca", a.getenv(envCA), "CA certificate file (PEM) that signed the servers' certificates, for https (env "+envCA+"; default: the system's roots)")
 	pf.StringVar(&a.token, "token", "", "bearer token (env "+envToken+"; default: the admin-token file in $"+envDataDir+" or "+daemon.DefaultDataDir+")")
 
 	sandbox := &cobra.Command{Use: "sandbox", Aliases: []string{"sandboxes", "sb"}, Short: "Create, list, inspect and remove sandboxes"}
 	groupArgs(sandbox)
-	sandbox.AddCommand(newSandboxCreateCmd(a), newSandboxLsCmd(a), newSandboxGetCmd(a), newSandboxRmCmd(a))
+	sandbox.AddCommand(newSandboxCreateCmd(a), newSandboxLsCmd(a), newSandboxGetCmd(a), newSandboxRmCmd(a), newSandboxStatsCmd(a))
 
 	image := &cobra.Command{Use: "image", Aliases: []string{"images"}, Short: "Inspect images"}
 	groupArgs(image)
@@ -122,6 +125,7 @@ func newRootCmd(a *app) *cobra.Command {
 	node.AddCommand(newNodeLsCmd(a))
 
 	root.AddCommand(newUpCmd(), newAPIServerCmd(a), newAgentCmd(a), newDemoCmd(a), sandbox, newExecCmd(a), newCpCmd(a), image, node)
+	root.AddCommand(newCertCmd(a))
 	root.AddCommand(layerCommands(a)...)
 	root.AddCommand(projectCommands(a)...)
 	root.AddCommand(newFnCmd(a))
@@ -178,5 +182,9 @@ func (a *app) client() *client.Client {
 		}
 	}
 	a.tokenSource = src
-	return client.New(a.addr, token, client.WithUserAgent("warren-cli"))
+	opts := []client.Option{client.WithUserAgent("warren-cli")}
+	if a.ca != "" {
+		opts = append(opts, client.WithCAFile(a.ca))
+	}
+	return client.New(a.addr, token, opts...)
 }

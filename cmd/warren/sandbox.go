@@ -16,6 +16,7 @@ func newSandboxCreateCmd(a *app) *cobra.Command {
 		req            api.CreateSandboxRequest
 		memory, output string
 		labels, env    []string
+		selector       []string
 		ttl, idle      time.Duration
 		count          int
 		allOrNone      bool
@@ -32,6 +33,7 @@ value) and, when its value has an "@" and no "=", the environment to start from.
 		Example: `  warren sandbox create --image busybox --cpu 1 --memory 256Mi --ttl 30m --label task=demo
   warren sandbox create --env swe-task-0042@1 --env DEBUG=1
   warren sandbox create --layer debian-python@12 --layer harness@7
+  warren sandbox create --image busybox --node-selector rack=r1 --pool cloud
   id=$(warren sandbox create --image busybox)
   warren sandbox create --image busybox --count 16 --all-or-none   # a gang: 16 ids, or none`,
 		Args: noArgs,
@@ -73,6 +75,9 @@ value) and, when its value has an "@" and no "=", the environment to start from.
 				return err
 			}
 			if req.Env, err = parseKVs("env", env, a.getenv, true); err != nil {
+				return err
+			}
+			if req.NodeSelector, err = parseKVs("node-selector", selector, a.getenv, false); err != nil {
 				return err
 			}
 			if count < 1 {
@@ -126,6 +131,8 @@ value) and, when its value has an "@" and no "=", the environment to start from.
 	f.DurationVar(&ttl, "ttl", 0, "lifetime, e.g. 30m (server default when 0)")
 	f.DurationVar(&idle, "idle-timeout", 0, "destroy after this long without use (0: never)")
 	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE (repeatable)")
+	f.StringArrayVar(&selector, "node-selector", nil, "place only on nodes with label KEY=VALUE (repeatable: every one must match)")
+	f.StringVar(&req.Pool, "pool", "", "place only in this node pool: onprem or cloud (no spill to the other)")
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE, or KEY to pass the local value (repeatable); NAME@VERSION picks the environment")
 	f.StringVarP(&output, "output", "o", "", "output: id (default) or json")
 	f.IntVar(&count, "count", 1, "create a gang of this many sandboxes (one id a line), labelled "+api.LabelGang)
@@ -266,20 +273,50 @@ func stamp(t, now time.Time) string {
 }
 
 func newSandboxRmCmd(a *app) *cobra.Command {
-	return &cobra.Command{
-		Use:     "rm SBX [SBX...]",
+	var (
+		all     bool
+		labels  []string
+		project string
+	)
+	c := &cobra.Command{
+		Use:     "rm SBX [SBX...] | rm --all [--label KEY=VALUE...]",
 		Aliases: []string{"delete", "remove"},
 		Short:   "Destroy sandboxes (deleting one already gone succeeds)",
+		Long: `Destroy sandboxes by id, or with --all every sandbox the token may see (narrowed
+by --label and --project). --all asks nothing: it prints each id it removed.`,
+		Example: `  warren sandbox rm n1-abcdefghijklmnop
+  warren sandbox rm --all                    # everything the token may see
+  warren sandbox rm --all --label task=demo  # only those labelled task=demo`,
 		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 0 {
-				return usagef("%s takes one or more sandbox ids", cmd.CommandPath())
+			switch {
+			case all && len(args) > 0:
+				return usagef("%s: give sandbox ids or --all, not both", cmd.CommandPath())
+			case !all && len(args) == 0:
+				return usagef("%s takes one or more sandbox ids, or --all", cmd.CommandPath())
+			case !all && (len(labels) > 0 || project != ""):
+				return usagef("%s: --label and --project go with --all", cmd.CommandPath())
 			}
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c := a.client()
+			ids := args
+			if all {
+				lm, err := parseKVs("label", labels, a.getenv, false)
+				if err != nil {
+					return err
+				}
+				list, err := c.ListSandboxes(cmd.Context(), client.ListOptions{Labels: lm, Project: project})
+				if err != nil {
+					return err
+				}
+				ids = ids[:0]
+				for _, sb := range list {
+					ids = append(ids, sb.ID)
+				}
+			}
 			failed := 0
-			for _, id := range args {
+			for _, id := range ids {
 				if err := c.DeleteSandbox(cmd.Context(), id); err != nil {
 					if cmd.Context().Err() != nil {
 						return cmd.Context().Err()
@@ -296,4 +333,9 @@ func newSandboxRmCmd(a *app) *cobra.Command {
 			return nil
 		},
 	}
+	f := c.Flags()
+	f.BoolVar(&all, "all", false, "remove every sandbox the token may see (with --label, --project: those that match)")
+	f.StringArrayVar(&labels, "label", nil, "with --all: only sandboxes with label KEY=VALUE (repeatable; all must match)")
+	f.StringVar(&project, "project", "", "with --all: only sandboxes in this project's subtree")
+	return c
 }

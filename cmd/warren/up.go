@@ -21,12 +21,18 @@ func newUpCmd() *cobra.Command {
 		Long: `Run a single-node warren: apiserver, node agent, an embedded etcd member and a
 blob store in one process, with all state under --data-dir. The admin token is
 written to <data-dir>/admin-token. Sandboxes outlive this process: a later
-"warren up" on the same data dir re-adopts them.
+"warren up" on the same data dir re-adopts them, ends those whose TTL ran out
+meanwhile and removes what no sandbox record accounts for (cgroups, mounts, runc
+state), logging each. With --stop-sandboxes, stopping warren ends every sandbox
+instead; "warren sandbox rm --all" ends them while it runs.
 
 The blob store is <data-dir>/blobs unless --blobs names another directory, or an
 S3 bucket: s3://bucket/prefix?endpoint=host:port (https; http://host:port for
 plain HTTP; no endpoint: AWS S3), with &region=R if needed and the credentials in
-AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.`,
+AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
+
+It serves plain HTTP (on loopback by default) unless given --tls-cert and
+--tls-key (see "warren cert").`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			level := slog.LevelInfo
@@ -42,8 +48,10 @@ AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.`,
 	f := cmd.Flags()
 	f.StringVar(&cfg.DataDir, "data-dir", dataDirDefault(), "directory for all state (env "+envDataDir+")")
 	f.StringVar(&cfg.Listen, "listen", daemon.DefaultListen, "API listen address")
+	tlsFlags(f, &cfg.TLS)
 	f.StringVar(&cfg.Blobs, "blobs", "", "blob store: a directory or s3://bucket/prefix?endpoint=host:port (default <data-dir>/blobs)")
 	f.IntVar(&cfg.Limits.Sandboxes, "max-sandboxes", 0, "sandboxes this node admits (0: 1000)")
+	f.BoolVar(&cfg.StopSandboxes, "stop-sandboxes", false, "end every sandbox when warren stops (default: they keep running and the next \"warren up\" on --data-dir re-adopts them)")
 	f.StringVar(&cfg.ImageCache, "image-cache", "", "built runtime images to publish at startup (default $WARREN_IMAGE_CACHE or "+daemon.DefaultImageCache+")")
 	fnFlags(f, &cfg.Fn)
 	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")

@@ -66,8 +66,10 @@ type rule struct {
 	node bool
 }
 
-// routeRules maps each mux pattern to its rule. A pattern missing here
-// needs a root admin: register new routes here.
+// routeRules maps each mux pattern to its rule, and each call on a sandbox
+// (method, path with its verb) to its rule: a verb is served once it is
+// here, by the one path that forwards calls on a sandbox to its node. A
+// pattern missing here needs a root admin: register new routes here.
 //
 // Layers and environments belong to no project yet: any builder may add
 // them, any reader read them, but deleting them (and GC) takes a
@@ -82,6 +84,7 @@ var routeRules = map[string]rule{
 	"GET /v1/sandboxes/{id}/stat":       {action: iam.ActionSandboxFiles},
 	"GET /v1/sandboxes/{id}/files":      {action: iam.ActionSandboxFiles},
 	"PUT /v1/sandboxes/{id}/files":      {action: iam.ActionSandboxFiles},
+	"GET /v1/sandboxes/{id}/stats":      {action: iam.ActionRead},
 	"GET /v1/images":                    {action: iam.ActionRead},
 	"GET /v1/images/{name...}":          {action: iam.ActionRead, node: true},
 	"GET /v1/nodes":                     {action: iam.ActionRead},
@@ -111,6 +114,10 @@ var routeRules = map[string]rule{
 	"/v1/":                          {}, // no such route: 404 to anyone authenticated
 }
 
+// sandboxVerbPrefix starts every routeRules key of a call on a sandbox
+// forwarded through sandboxVerbPattern, after its method.
+const sandboxVerbPrefix = "/v1/sandboxes/{id}/"
+
 // unknownRoute is the rule of a pattern missing from routeRules.
 var unknownRoute = rule{action: iam.ActionProjectWrite, root: true}
 
@@ -120,7 +127,7 @@ func (s *Server) authenticated(h handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p, err := s.checkAuth(r)
 		if err == nil {
-			err = authorizeRoute(p, r.Pattern)
+			err = authorizeRoute(p, routeKey(r))
 		}
 		if err == nil {
 			err = h(w, r.WithContext(iam.WithPrincipal(r.Context(), p)))
@@ -140,8 +147,22 @@ func (s *Server) checkAuth(r *http.Request) (iam.Principal, error) {
 	return s.cfg.Tokens.Authenticate(r.Context(), tok)
 }
 
-func authorizeRoute(p iam.Principal, pattern string) error {
-	ru, ok := routeRules[pattern]
+// routeKey is the routeRules key of r: its mux pattern, or for a call on
+// a sandbox (sandboxVerbPattern) its method and verb, as in
+// "POST /v1/sandboxes/{id}/exec".
+func routeKey(r *http.Request) string {
+	if r.Pattern != sandboxVerbPattern {
+		return r.Pattern
+	}
+	return r.Method + " /v1/sandboxes/{id}/" + r.PathValue("verb")
+}
+
+func authorizeRoute(p iam.Principal, key string) error {
+	ru, ok := routeRules[key]
+	if method, path, _ := strings.Cut(key, " "); !ok && strings.HasPrefix(path, sandboxVerbPrefix) {
+		// No such verb: the same answer to anyone authenticated.
+		return errdefs.New(errdefs.ErrNotFound, api.CodeNotFound, "no sandbox call %s %s", method, strings.TrimPrefix(path, sandboxVerbPrefix))
+	}
 	if !ok {
 		ru = unknownRoute
 	}

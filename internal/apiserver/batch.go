@@ -32,8 +32,8 @@ func (s *Server) createBatch(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(w, r, &req); err != nil {
 		return err
 	}
-	if req.Count < 1 || req.Count > api.MaxBatchCount {
-		return errdefs.Invalid("count %d: want 1..%d", req.Count, api.MaxBatchCount)
+	if err := api.CheckBatch(&req); err != nil {
+		return errdefs.Request(err)
 	}
 	tmpl := req.Template
 	if tmpl.IdempotencyKey != "" || r.Header.Get(idempotencyHeader) != "" {

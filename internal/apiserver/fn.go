@@ -124,6 +124,9 @@ func (f *fnAPI) run(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(w, r, &req); err != nil {
 		return err
 	}
+	if err := api.CheckFn(&req); err != nil {
+		return errdefs.Request(err)
+	}
 	if err := f.admit(r.Context(), []*api.FnRunRequest{&req}); err != nil {
 		f.m.observe(req.Runtime, api.FnResult{}, err, 0)
 		return err
@@ -140,8 +143,8 @@ func (f *fnAPI) batch(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(w, r, &req); err != nil {
 		return err
 	}
-	if n := len(req.Calls); n < 1 || n > nodeapi.MaxFnBatch {
-		return errdefs.Invalid("a batch takes 1..%d calls, got %d", nodeapi.MaxFnBatch, n)
+	if err := api.CheckFnBatch(&req); err != nil {
+		return errdefs.Request(err)
 	}
 	calls := make([]*api.FnRunRequest, len(req.Calls))
 	for i := range req.Calls {

@@ -2,18 +2,15 @@ package apiserver
 
 import (
 	"encoding/json"
-	"fmt"
-	"io"
+	"errors"
 	"mime"
 	"net/http"
-	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/errdefs"
-	"github.com/warrenhq/warren/internal/httperr"
 	"github.com/warrenhq/warren/internal/node"
+	"github.com/warrenhq/warren/internal/node/nodeapi"
 )
 
 func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) error {
@@ -86,177 +83,37 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// wantsStream reports whether the caller asked for an NDJSON stream.
-func wantsStream(r *http.Request, req api.ExecRequest) bool {
-	if req.Stream {
-		return true
-	}
-	for _, a := range strings.Split(r.Header.Get("Accept"), ",") {
-		if mt, _, err := mime.ParseMediaType(strings.TrimSpace(a)); err == nil && mt == "application/x-ndjson" {
-			return true
-		}
-	}
-	return false
-}
+// sandboxVerbPattern is the one route of every call on a sandbox but its
+// GET and DELETE: the method and verb pick the call's rule (routeRules).
+const sandboxVerbPattern = "/v1/sandboxes/{id}/{verb}"
 
-func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
+// sandboxCall is the one path of the calls on one sandbox: resolve its
+// node (lost nodes answer there, Cluster.Route), check the caller may see
+// the sandbox, and forward the call to the node as it came.
+func (s *Server) sandboxCall(w http.ResponseWriter, r *http.Request) error {
 	id, n, err := s.sandboxNode(r)
 	if err != nil {
 		return err
 	}
-	var req api.ExecRequest
-	if err := decodeJSON(w, r, &req); err != nil {
+	if r.PathValue("verb") == "exec" {
+		s.metrics.execs.Inc()
+	}
+	err = n.Forward(w, r, id)
+	var cut *nodeapi.CutShort
+	if !errors.As(err, &cut) {
 		return err
 	}
-	s.metrics.execs.Inc()
-	if !wantsStream(r, req) {
-		res, err := n.Exec(r.Context(), id, req, nil, nil)
-		if err != nil {
-			return err
-		}
-		return writeJSON(w, http.StatusOK, res)
-	}
-	st := newEventStream(w)
-	res, err := n.Exec(r.Context(), id, req, st.writer("stdout"), st.writer("stderr"))
-	if err != nil {
-		if !st.started {
-			return err // nothing sent yet: a normal error answer
-		}
-		_, e := apiError(err)
-		return st.send(api.ExecEvent{Error: &e})
-	}
-	st.start()
-	return st.send(api.ExecEvent{Result: &res})
-}
-
-// eventStream writes NDJSON exec events, one per line, flushed as they come.
-// The headers go out with the first event, so an exec that fails before any
-// output still gets a proper error status.
-type eventStream struct {
-	mu      sync.Mutex
-	w       http.ResponseWriter
-	enc     *json.Encoder
-	started bool
-	err     error
-}
-
-func newEventStream(w http.ResponseWriter) *eventStream {
-	return &eventStream{w: w, enc: json.NewEncoder(w)}
-}
-
-func (e *eventStream) start() {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.startLocked()
-}
-
-func (e *eventStream) startLocked() {
-	if e.started {
-		return
-	}
-	e.started = true
-	e.w.Header().Set("Content-Type", "application/x-ndjson")
-	e.w.Header().Set("X-Content-Type-Options", "nosniff")
-	e.w.WriteHeader(http.StatusOK)
-}
-
-func (e *eventStream) send(ev api.ExecEvent) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.startLocked()
-	if e.err != nil {
-		return e.err
-	}
-	if err := e.enc.Encode(ev); err != nil {
-		e.err = err
-		return err
-	}
-	if f, ok := e.w.(http.Flusher); ok {
-		f.Flush()
-	}
-	return nil
-}
-
-// writer returns an io.Writer that sends each write as one event. A caller
-// that went away does not stop the command: the write is dropped (the exec
-// ends with the request's context instead).
-func (e *eventStream) writer(stream string) writerFunc {
-	return func(p []byte) (int, error) {
-		data, enc := api.EncodeBytes(p)
-		e.send(api.ExecEvent{Stream: stream, Data: data, Encoding: enc})
-		return len(p), nil
-	}
-}
-
-type writerFunc func([]byte) (int, error)
-
-func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
-
-func (s *Server) stat(w http.ResponseWriter, r *http.Request) error {
-	id, n, err := s.sandboxNode(r)
-	if err != nil {
-		return err
-	}
-	fi, err := n.Stat(r.Context(), id, r.URL.Query().Get("path"))
-	if err != nil {
-		return err
-	}
-	return writeJSON(w, http.StatusOK, fi)
-}
-
-const tarType = "application/x-tar"
-
-func (s *Server) readFiles(w http.ResponseWriter, r *http.Request) error {
-	id, n, err := s.sandboxNode(r)
-	if err != nil {
-		return err
-	}
-	p := r.URL.Query().Get("path")
-	fi, err := n.Stat(r.Context(), id, p)
-	if err != nil {
-		return err
-	}
-	ctx := r.Context()
-	if fi.IsDir || r.URL.Query().Get("format") == "tar" {
-		w.Header().Set("Content-Type", tarType)
-		// Errors after the first byte can only cut the stream short; the
-		// tar then lacks its end marker, which readers detect.
-		return httperr.Stream(w, s.log, func(cw io.Writer) error { return n.ReadTar(ctx, id, p, cw) })
-	}
-	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("X-Warren-File-Mode", fmt.Sprintf("%04o", fi.Mode))
-	w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
-	return httperr.Stream(w, s.log, func(cw io.Writer) error { return n.ReadFile(ctx, id, p, cw) })
-}
-
-func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) error {
-	id, n, err := s.sandboxNode(r)
-	if err != nil {
-		return err
-	}
-	q := r.URL.Query()
-	p := q.Get("path")
-	ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	if ct == tarType {
-		if err := n.WriteTar(r.Context(), id, p, r.Body); err != nil {
-			return err
-		}
-		w.WriteHeader(http.StatusNoContent)
+	s.log.Warn("sandbox call cut short", "sandbox", id, "verb", r.PathValue("verb"), "err", cut.Err)
+	if mt, _, _ := mime.ParseMediaType(w.Header().Get("Content-Type")); mt == ndjsonType {
+		// An exec stream ends with its error, as the node would have.
+		status, e := apiError(cut.Err)
+		json.NewEncoder(w).Encode(api.ExecEvent{Error: &e, Status: status})
 		return nil
 	}
-	mode := uint64(0o644)
-	if m := q.Get("mode"); m != "" {
-		mode, err = strconv.ParseUint(m, 8, 32)
-		if err != nil || mode > 0o7777 {
-			return errdefs.Invalid("mode %q: want octal permission bits like 0644", m)
-		}
-	}
-	if err := n.WriteFile(r.Context(), id, p, uint32(mode), r.Body); err != nil {
-		return err
-	}
-	w.WriteHeader(http.StatusNoContent)
-	return nil
+	panic(http.ErrAbortHandler)
 }
+
+const ndjsonType = "application/x-ndjson"
 
 func (s *Server) listImages(w http.ResponseWriter, r *http.Request) error {
 	imgs, err := s.cfg.Images.List(r.Context())

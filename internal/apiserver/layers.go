@@ -155,12 +155,15 @@ func (s *Server) deleteLayer(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) createEnv(w http.ResponseWriter, r *http.Request) error {
-	ls, err := s.layers()
-	if err != nil {
-		return err
-	}
 	var req api.CreateEnvironmentRequest
 	if err := decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	if err := api.CheckEnvironment(&req); err != nil {
+		return errdefs.Request(err)
+	}
+	ls, err := s.layers()
+	if err != nil {
 		return err
 	}
 	env, err := ls.CreateEnv(r.Context(), req)

@@ -37,7 +37,10 @@ func newMetrics(reg *prometheus.Registry) *metrics {
 // observe records one request by its route pattern (not its path, which
 // would make a series per sandbox id).
 func (m *metrics) observe(r *http.Request, status int, d time.Duration) {
-	route := r.Pattern
+	route := routeKey(r)
+	if _, known := routeRules[route]; !known && r.Pattern == sandboxVerbPattern {
+		route = r.Pattern // not a series per made-up verb
+	}
 	if route == "" {
 		route = "unmatched"
 	}

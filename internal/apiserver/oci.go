@@ -72,7 +72,7 @@ func (s *Server) exportEnv(w http.ResponseWriter, r *http.Request) error {
 	if format == "" {
 		format = "oci-layout"
 	}
-	w.Header().Set("Content-Type", tarType)
+	w.Header().Set("Content-Type", "application/x-tar")
 	ref, ctx := r.PathValue("ref"), r.Context()
 	return httperr.Stream(w, s.log, func(cw io.Writer) error { return o.ExportEnv(ctx, ref, format, cw) })
 }

@@ -145,6 +145,7 @@ func (s *Server) createToken(w http.ResponseWriter, r *http.Request) error {
 	}
 	tok, secret, err := m.CreateToken(r.Context(), by, iam.TokenSpec{
 		Project: req.Project, Role: iam.Role(req.Role), TTL: req.TTL.D(), Name: req.Name, Description: req.Description,
+		Node: req.Node,
 	})
 	if err != nil {
 		return err
@@ -240,6 +241,6 @@ func projectsToAPI(list []iam.Project) []api.Project {
 func tokenToAPI(t iam.Token) api.Token {
 	return api.Token{
 		ID: t.ID, Project: t.Project, Role: string(t.Role), Name: t.Name, Description: t.Description,
-		CreatedAt: t.CreatedAt, CreatedBy: t.CreatedBy, ExpiresAt: t.ExpiresAt,
+		CreatedAt: t.CreatedAt, CreatedBy: t.CreatedBy, ExpiresAt: t.ExpiresAt, Node: t.Node,
 	}
 }

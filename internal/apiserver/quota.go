@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -30,6 +31,12 @@ const idempotencyHeader = "Idempotency-Key"
 // rate_limited or quota_exceeded with Retry-After). What create does
 // (placement, retries on other nodes) is its own business.
 func (s *Server) admitCreate(w http.ResponseWriter, r *http.Request, req api.CreateSandboxRequest, create createFunc) (api.Sandbox, error) {
+	if err := api.CheckCreate(&req); err != nil {
+		return api.Sandbox{}, errdefs.Request(err)
+	}
+	if len(r.Header.Get(idempotencyHeader)) > api.MaxIdempotencyKey {
+		return api.Sandbox{}, errdefs.Request(&api.LimitError{Field: idempotencyHeader, Got: int64(len(r.Header.Get(idempotencyHeader))), Max: api.MaxIdempotencyKey, Unit: "bytes"})
+	}
 	ctx := r.Context()
 	p := principal(ctx)
 	project, err := projectFor(p, req.Project, iam.ActionSandboxCreate)
@@ -54,6 +61,10 @@ func (s *Server) admitCreate(w http.ResponseWriter, r *http.Request, req api.Cre
 		var sb api.Sandbox
 		if err := json.Unmarshal(rec.Result, &sb); err != nil {
 			return api.Sandbox{}, fmt.Errorf("idempotency key %q: stored answer: %w", key, err)
+		}
+		sb, err := s.replay(ctx, key, sb.ID)
+		if err != nil {
+			return api.Sandbox{}, err
 		}
 		w.Header().Set("Idempotent-Replayed", "true")
 		return sb, nil
@@ -91,6 +102,23 @@ func (s *Server) admitCreate(w http.ResponseWriter, r *http.Request, req api.Cre
 		s.log.Error("idempotency: could not record the create", "key", key, "sandbox", sb.ID, "err", err)
 	}
 	return sb, nil
+}
+
+// replay answers a key's sandbox as it is now, not as it was created: its
+// node's view (stopping, failed, lost...), or sandbox_gone when its node
+// no longer has it, so that a replay never claims a deleted sandbox
+// running. An unreachable node's error is the answer: the caller retries.
+func (s *Server) replay(ctx context.Context, key, id string) (api.Sandbox, error) {
+	n, err := s.routeNode(id)
+	var sb api.Sandbox
+	if err == nil {
+		sb, err = n.Get(ctx, id)
+	}
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return api.Sandbox{}, errdefs.New(errdefs.ErrConflict, api.CodeSandboxGone,
+			"the sandbox idempotency key %q created, %s, is gone (%v): create with a new key for another", key, id, err)
+	}
+	return sb, err
 }
 
 // undoCreate deletes a sandbox this server just created and must not keep.

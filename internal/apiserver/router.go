@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
+	"net/http"
 	"sort"
 	"sync"
 	"time"
@@ -300,7 +300,7 @@ func (r *Router) Create(ctx context.Context, req api.CreateSandboxRequest) (api.
 	if res.Memory <= 0 {
 		res.Memory = r.cfg.Defaults.Memory
 	}
-	preq := placement.Request{Backend: req.Backend, Resources: placement.Demand(res)}
+	preq := placement.Request{Backend: req.Backend, Resources: placement.Demand(res), Labels: req.NodeSelector, Pool: req.Pool}
 	if preq.Backend == "" {
 		preq.Backend = api.BackendContainer
 	}
@@ -435,47 +435,19 @@ func (n *routed) Delete(ctx context.Context, id string) error {
 	return nil
 }
 
-func (n *routed) Exec(ctx context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (res api.ExecResult, err error) {
-	l, err := n.call(ctx, func(ctx context.Context) error {
-		res, err = n.Client.Exec(ctx, id, req, stdout, stderr)
+// Forward forwards a call on one of the node's sandboxes; a node lost
+// midway ends it as lost: an error if nothing was written yet, else an
+// answer cut short by that error.
+func (n *routed) Forward(w http.ResponseWriter, r *http.Request, id string) error {
+	l, err := n.call(r.Context(), func(ctx context.Context) error { return n.Client.Forward(w, r.WithContext(ctx)) })
+	if !l {
 		return err
-	})
-	if l {
-		return res, n.lost().err(id)
 	}
-	return res, err
-}
-
-func (n *routed) Stat(ctx context.Context, id, path string) (fi api.FileInfo, err error) {
-	l, err := n.call(ctx, func(ctx context.Context) error { fi, err = n.Client.Stat(ctx, id, path); return err })
-	if l {
-		return fi, n.lost().err(id)
+	var cut *nodeapi.CutShort
+	if errors.As(err, &cut) {
+		return &nodeapi.CutShort{Err: n.lost().err(id)}
 	}
-	return fi, err
-}
-
-func (n *routed) files(ctx context.Context, id string, fn func(ctx context.Context) error) error {
-	l, err := n.call(ctx, fn)
-	if l {
-		return n.lost().err(id)
-	}
-	return err
-}
-
-func (n *routed) WriteFile(ctx context.Context, id, path string, mode uint32, r io.Reader) error {
-	return n.files(ctx, id, func(ctx context.Context) error { return n.Client.WriteFile(ctx, id, path, mode, r) })
-}
-
-func (n *routed) ReadFile(ctx context.Context, id, path string, w io.Writer) error {
-	return n.files(ctx, id, func(ctx context.Context) error { return n.Client.ReadFile(ctx, id, path, w) })
-}
-
-func (n *routed) WriteTar(ctx context.Context, id, dir string, r io.Reader) error {
-	return n.files(ctx, id, func(ctx context.Context) error { return n.Client.WriteTar(ctx, id, dir, r) })
-}
-
-func (n *routed) ReadTar(ctx context.Context, id, path string, w io.Writer) error {
-	return n.files(ctx, id, func(ctx context.Context) error { return n.Client.ReadTar(ctx, id, path, w) })
+	return n.lost().err(id)
 }
 
 // nodeContext returns a context canceled once node id is lost (watchLost
@@ -834,17 +806,4 @@ func (l lost) List(ctx context.Context, f node.Filter) ([]api.Sandbox, error) {
 
 func (l lost) Delete(_ context.Context, id string) error { return l.err(id) }
 
-func (l lost) Exec(_ context.Context, id string, _ api.ExecRequest, _, _ io.Writer) (api.ExecResult, error) {
-	return api.ExecResult{}, l.err(id)
-}
-
-func (l lost) Stat(_ context.Context, id, _ string) (api.FileInfo, error) {
-	return api.FileInfo{}, l.err(id)
-}
-
-func (l lost) WriteFile(_ context.Context, id, _ string, _ uint32, _ io.Reader) error {
-	return l.err(id)
-}
-func (l lost) ReadFile(_ context.Context, id, _ string, _ io.Writer) error { return l.err(id) }
-func (l lost) WriteTar(_ context.Context, id, _ string, _ io.Reader) error { return l.err(id) }
-func (l lost) ReadTar(_ context.Context, id, _ string, _ io.Writer) error  { return l.err(id) }
+func (l lost) Forward(_ http.ResponseWriter, _ *http.Request, id string) error { return l.err(id) }

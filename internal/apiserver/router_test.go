@@ -116,7 +116,7 @@ func newFleetWith(t *testing.T, o fleetOptions, ids ...string) *fleetHarness {
 		status := fn.agent.Status()
 		reg, err := fleet.NewRegistrar(fleet.RegistrarConfig{
 			Store: st, TTL: time.Second, Log: quietLog, Secret: "secret-" + id,
-			Node: api.Node{ID: id, Address: fn.srv.Listener.Addr().String(), Backends: status.Backends, Capacity: status.Capacity},
+			Node: api.Node{ID: id, Address: fn.srv.Listener.Addr().String(), Pool: status.Pool, Labels: status.Labels, Backends: status.Backends, Capacity: status.Capacity},
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -22,24 +22,9 @@ import (
 	"github.com/warrenhq/warren/internal/httperr"
 	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/node"
+	"github.com/warrenhq/warren/internal/node/nodeapi"
 	"github.com/warrenhq/warren/internal/store"
 )
-
-// Node is what the apiserver needs of a node agent. *node.Agent satisfies
-// it in-process (warren up); *nodeapi.Client across hosts.
-type Node interface {
-	ID() string
-	Create(ctx context.Context, req api.CreateSandboxRequest) (api.Sandbox, error)
-	Get(ctx context.Context, id string) (api.Sandbox, error)
-	List(ctx context.Context, f node.Filter) ([]api.Sandbox, error)
-	Delete(ctx context.Context, id string) error
-	Exec(ctx context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (api.ExecResult, error)
-	Stat(ctx context.Context, id, path string) (api.FileInfo, error)
-	WriteFile(ctx context.Context, id, path string, mode uint32, r io.Reader) error
-	ReadFile(ctx context.Context, id, path string, w io.Writer) error
-	WriteTar(ctx context.Context, id, dir string, r io.Reader) error
-	ReadTar(ctx context.Context, id, path string, w io.Writer) error
-}
 
 // Images lists the images sandboxes can start from.
 type Images interface {
@@ -52,8 +37,10 @@ type Config struct {
 	// Cluster is where sandboxes run: a Router over a fleet of node
 	// agents. Nil makes it SingleNode(Node).
 	Cluster Cluster
-	// Node is the one in-process node when Cluster is nil (warren up).
-	Node   StatusNode
+	// Node is the one in-process node agent when Cluster is nil (warren
+	// up); its sandbox calls are served by its node API handler
+	// in-process (SingleNode).
+	Node   nodeapi.Agent
 	Images Images
 	// Registrations, if set, keeps the registrations of agents that
 	// register through this apiserver (nodes.go), with an IAM token of
@@ -112,7 +99,7 @@ func New(cfg Config) *Server {
 	}
 	s := &Server{cfg: cfg, log: cfg.Log, mux: http.NewServeMux(), metrics: newMetrics(cfg.Registry), cluster: cfg.Cluster}
 	if s.cluster == nil && cfg.Node != nil {
-		s.cluster = SingleNode(cfg.Node)
+		s.cluster = SingleNode(cfg.Node, cfg.Log)
 	}
 	s.idem = cfg.Idempotency
 	if s.idem == nil {
@@ -132,10 +119,9 @@ func (s *Server) routes() {
 	s.mux.Handle("GET /v1/sandboxes", auth(s.listSandboxes))
 	s.mux.Handle("GET /v1/sandboxes/{id}", auth(s.getSandbox))
 	s.mux.Handle("DELETE /v1/sandboxes/{id}", auth(s.deleteSandbox))
-	s.mux.Handle("POST /v1/sandboxes/{id}/exec", auth(s.exec))
-	s.mux.Handle("GET /v1/sandboxes/{id}/stat", auth(s.stat))
-	s.mux.Handle("GET /v1/sandboxes/{id}/files", auth(s.readFiles))
-	s.mux.Handle("PUT /v1/sandboxes/{id}/files", auth(s.writeFiles))
+	// Every other call on one sandbox (exec, files, stat, ...): one path,
+	// the verb's rule in routeRules (auth.go), forwarded to its node.
+	s.mux.Handle(sandboxVerbPattern, auth(s.sandboxCall))
 	s.mux.Handle("GET /v1/images", auth(s.listImages))
 	s.mux.Handle("GET /v1/images/{name...}", auth(s.getImage))
 	s.mux.Handle("GET /v1/nodes", auth(s.listNodes))

@@ -316,3 +316,28 @@ func mustB64(t *testing.T, s string) []byte {
 	}
 	return b
 }
+
+// Every call on a sandbox but its GET and DELETE takes the one forwarding
+// path: a verb the node serves answers through it (stats here), one that
+// no node serves is a 404 not_found to anyone authenticated, and each
+// keeps its rule.
+func TestSandboxVerbs(t *testing.T) {
+	h := newHarness(t, nil)
+	sb := h.create(`{"image":"busybox"}`)
+	h.json("POST", "/v1/sandboxes/"+sb.ID+"/exec", `{"cmd":"sleep 30 & sleep 30 &"}`)
+	resp, b := h.do("GET", "/v1/sandboxes/"+sb.ID+"/stats", "", nil)
+	var st api.SandboxStats
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &st) != nil || st.PIDs < 2 {
+		t.Errorf("stats: %d %s; want 200 with the 2 sleepers counted", resp.StatusCode, b)
+	}
+	for _, c := range []struct{ method, verb string }{{"POST", "nope"}, {"GET", "exec"}, {"DELETE", "files"}} {
+		resp, b := h.do(c.method, "/v1/sandboxes/"+sb.ID+"/"+c.verb, "", nil)
+		if resp.StatusCode != http.StatusNotFound || errorCode(t, b) != api.CodeNotFound {
+			t.Errorf("%s %s: %d %s; want 404 not_found", c.method, c.verb, resp.StatusCode, b)
+		}
+	}
+	resp, b = h.do("GET", "/v1/sandboxes/n1-aaaaaaaaaaaaaaaa/stats", "", nil)
+	if resp.StatusCode != http.StatusNotFound || errorCode(t, b) != api.CodeSandboxNotFound {
+		t.Errorf("stats of a missing sandbox: %d %s; want 404 sandbox_not_found", resp.StatusCode, b)
+	}
+}

@@ -156,3 +156,16 @@ type Files interface {
 	// stream whose entries are named relative to path's parent.
 	ReadTar(ctx context.Context, id, path string, w io.Writer) error
 }
+
+// Stats are a sandbox's resource use now, as its cgroups count it.
+type Stats struct {
+	CPU        time.Duration // CPU time used by every process, ever
+	Memory     int64         // bytes in use now (page cache included)
+	MemoryPeak int64         // the most ever in use; 0 if the host does not say
+	PIDs       int64         // processes and threads now
+}
+
+// Statser reports a sandbox's resource use.
+type Statser interface {
+	Stats(ctx context.Context, id string) (Stats, error)
+}

@@ -2,9 +2,11 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -15,7 +17,6 @@ import (
 	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/backend/container"
-	"github.com/warrenhq/warren/internal/backend/fake"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/fleet"
 	"github.com/warrenhq/warren/internal/fncall"
@@ -51,6 +52,12 @@ type AgentConfig struct {
 	// It never opens the node API: that takes a secret the agent draws at
 	// every start and registers with the node (fleet.Registration).
 	Token string
+	// NodeName names the node in the cluster (default: the name the node
+	// token is bound to, if any). A bound token registers only its name.
+	NodeName string
+	// TLS: the node API serves TLS with TLS.Cert and TLS.Key (and the node
+	// registers an https address); TLS.CA verifies an https apiserver.
+	TLS TLSConfig
 	// Pool is api.PoolOnPrem (default) or api.PoolCloud; Labels are
 	// matched by placement.
 	Pool   string
@@ -60,9 +67,21 @@ type AgentConfig struct {
 	// Default <DataDir>/blobs.
 	Blobs  string
 	Limits node.Limits
-	// Backend is "container" (default), or "fake" to run a simulated node
-	// (tests and control-plane benchmarks).
+	// Backend is "container", the default and the only backend a
+	// production build has.
 	Backend string
+	// Simulated, if set, makes the node's backend instead of the
+	// container backend (its argument is a directory for its state): a
+	// program that simulates nodes (tests, bench/controlplane) passes
+	// the fake backend here, standing in as "container", and the node
+	// then runs no FnCall. The warren binary sets it only when built with
+	// -tags warrenfake (`warren agent --backend fake`): the fake isolates
+	// nothing, so a production build does not contain it.
+	Simulated func(dir string) (backend.Backend, error)
+	// StopSandboxes ends every sandbox of the node when the agent stops;
+	// by default they keep running, for the next agent on the data dir
+	// to re-adopt.
+	StopSandboxes bool
 	// Fn configures FnCall on this node.
 	Fn FnConfig
 	// RegistrationTTL is how long the registration outlives the agent
@@ -74,9 +93,9 @@ type AgentConfig struct {
 	Ready func(addr string)
 }
 
-// Agent runs a node agent until ctx ends. Sandboxes outlive it: a later
-// Agent on the same data dir re-adopts them; a restart within the
-// registration TTL is not even noticed as a lost node.
+// Agent runs a node agent until ctx ends. Sandboxes outlive it (unless
+// StopSandboxes): a later Agent on the same data dir re-adopts them; a
+// restart within the registration TTL is not even noticed as a lost node.
 func Agent(ctx context.Context, cfg AgentConfig) error {
 	log := cfg.Log
 	if log == nil {
@@ -87,6 +106,15 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	}
 	if (len(cfg.Etcd) == 0) == (len(cfg.APIServers) == 0) {
 		return errdefs.Invalid("agent: give --etcd or --apiserver (one of them)")
+	}
+	if cfg.NodeName != "" {
+		if err := iam.ValidNodeName(cfg.NodeName); err != nil {
+			return err
+		}
+	}
+	tlsClient, err := cfg.TLS.client()
+	if err != nil {
+		return err
 	}
 	dir, err := filepath.Abs(cfg.DataDir)
 	if err != nil {
@@ -100,6 +128,12 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	if err != nil {
 		return err
 	}
+	// The node key proves this is the agent that registered the node
+	// (fleet.Claim): it stays in the data dir across restarts.
+	nodeKey, err := loadOrCreate(filepath.Join(dir, "node-key"), func() string { return randomHex(32) })
+	if err != nil {
+		return err
+	}
 
 	blobs, err := openBlobs(ctx, cfg.Blobs, dir) // images.go
 	if err != nil {
@@ -109,18 +143,19 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	cache := image.NewCache(filepath.Join(nodeDir, "cache"), blobs)
 	mounts := image.NewMounts(filepath.Join(nodeDir, "layers"))
 	var b backend.Backend
-	switch cfg.Backend {
-	case "", api.BackendContainer:
+	switch {
+	case cfg.Backend != "" && cfg.Backend != api.BackendContainer:
+		err = errdefs.Invalid("agent: backend %q: want container", cfg.Backend)
+	case cfg.Simulated != nil:
+		b, err = cfg.Simulated(filepath.Join(nodeDir, "fake"))
+		log.Warn("this node is simulated: its sandboxes are not isolated", "node", nodeID)
+	default:
 		b, err = container.New(container.Config{
 			StateDir:     filepath.Join(nodeDir, "container"),
 			RuncRoot:     filepath.Join(nodeDir, "runc"),
 			CgroupParent: "/warren/" + nodeID,
 			Mounts:       mounts,
 		})
-	case "fake":
-		b, err = fake.New(filepath.Join(nodeDir, "fake"), fake.Options{Name: api.BackendContainer})
-	default:
-		err = errdefs.Invalid("agent: backend %q: want container or fake", cfg.Backend)
 	}
 	if err != nil {
 		return err
@@ -133,6 +168,8 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 		Backends: []backend.Backend{b},
 		Layers:   cache,
 		Limits:   cfg.Limits,
+		Pool:     cfg.Pool,
+		Labels:   cfg.Labels,
 		Log:      log,
 	})
 	if err != nil {
@@ -152,14 +189,17 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 			return err
 		}
 		defer st.Close()
-		leaser, peer = newTokenLeaser(st, cfg.Token), hostPort(cfg.Etcd[0])
+		leaser, peer = newTokenLeaser(st, cfg.Token, nodeKey), hostPort(cfg.Etcd[0])
 		envs = image.NewRegistry(st, blobs, image.WithLogger(log))
 	} else {
-		leaser, peer = nodeapi.NewRegistrations(cfg.APIServers, cfg.Token, nil), hostPort(cfg.APIServers[0])
-		envs = apiImages{client.New(cfg.APIServers[0], cfg.Token)}
+		t := nodeapi.NewTransport()
+		t.TLSClientConfig = tlsClient
+		hc := &http.Client{Transport: nodeKeyTransport{key: nodeKey, next: t}}
+		leaser, peer = nodeapi.NewRegistrations(cfg.APIServers, cfg.Token, hc), hostPort(cfg.APIServers[0])
+		envs = apiImages{client.New(cfg.APIServers[0], cfg.Token, client.WithTLSConfig(tlsClient))}
 	}
 	var fn *fncall.Service
-	if cfg.Backend != "fake" { // a simulated node runs no real containers
+	if cfg.Simulated == nil { // a simulated node runs no real containers
 		if fn, err = startFn(cfg.Fn, nodeID, nodeDir, envs, cache, mounts, log); err != nil {
 			return err
 		}
@@ -169,13 +209,16 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	}
 	go newLayerCollector(nil, agentLayers(agent, fn), cache, log).run(ctx)
 
-	ln, err := net.Listen("tcp", cfg.Listen)
+	ln, scheme, err := cfg.TLS.listen(cfg.Listen)
 	if err != nil {
-		return fmt.Errorf("listen: %w", err)
+		return err
 	}
 	addr := cfg.Advertise
 	if addr == "" {
 		addr = advertise(ln.Addr().(*net.TCPAddr), peer)
+	}
+	if scheme == "https" && !strings.Contains(addr, "://") {
+		addr = "https://" + addr
 	}
 	// This node's own secret, new at every start: only the apiservers
 	// learn it, from the registration.
@@ -189,7 +232,7 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	status := agent.Status()
 	reg, err := fleet.NewRegistrar(fleet.RegistrarConfig{
 		Store: leaser,
-		Node: api.Node{ID: nodeID, Address: addr, Pool: cfg.Pool, Labels: cfg.Labels,
+		Node: api.Node{ID: nodeID, Name: cfg.NodeName, Address: addr, Pool: cfg.Pool, Labels: cfg.Labels,
 			Backends: status.Backends, Capacity: status.Capacity},
 		Secret: secret,
 		TTL:    cfg.RegistrationTTL,
@@ -230,27 +273,59 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	log.Info("warren agent is up", "node", nodeID, "addr", ln.Addr().String(), "advertise", addr, "data_dir", dir,
+	log.Info("warren agent is up", "node", nodeID, "name", cfg.NodeName, "addr", ln.Addr().String(), "advertise", addr, "data_dir", dir,
 		"blobs", blobsOf(cfg.Blobs, dir), "pool", orDefault(cfg.Pool, api.PoolOnPrem), "backends", status.Backends,
 		"startup", time.Since(start).Round(time.Millisecond))
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr().String())
 	}
+	awaitStop(sctx, httpSrv, agent, cfg.StopSandboxes, log)
 	if err := httpSrv.wait(sctx); err != nil {
 		return err
 	}
 	return regErr()
 }
 
+// awaitStop waits until ctx ends or srv fails. Then, if stop is set, it
+// ends every sandbox of a while srv still answers, so that calls in
+// flight hear sandbox_gone ("node shutting down"); the caller shuts srv
+// down after.
+func awaitStop(ctx context.Context, srv *httpServer, a *node.Agent, stop bool, log *slog.Logger) {
+	select {
+	case <-ctx.Done():
+	case err := <-srv.errc:
+		srv.errc <- err // for srv.wait
+	}
+	if !stop {
+		return
+	}
+	ids, err := a.StopSandboxes(context.Background())
+	if err != nil {
+		log.Error("stopping: some sandboxes could not be ended", "err", err)
+	}
+	log.Info("stopping: ended the node's sandboxes (--stop-sandboxes)", "count", len(ids))
+}
+
 // tokenLeaser is the registration store of an agent that reaches etcd
 // itself. It checks the node token with IAM before every registration and
 // renewal, as an apiserver does for an agent that registers through it, so
 // that either way only a node token registers, and a revoked one's
-// registration lapses.
+// registration lapses; and it registers with fleet.Claim, as an apiserver
+// does: as the token's bound name only, never over another agent's live
+// registration.
+//
+// These checks run in the agent itself: they keep honest agents from
+// clashing (a wrong --node-name, a second agent on a bound token, a copied
+// data dir), but they are no defence against whoever holds the node token
+// and reaches etcd, since etcd grants every client the whole keyspace (no
+// etcd user or role is configured): such a client can write any key. Hosts
+// that are not all trusted register through an apiserver (--apiserver),
+// and etcd is reachable from apiservers only.
 type tokenLeaser struct {
-	store.Watcher
+	store.LeaseTxn
 	iam   *iam.IAM
 	token string
+	owner string
 }
 
 // tokenRecheck bounds how long a revoked token keeps renewing an etcd
@@ -258,38 +333,69 @@ type tokenLeaser struct {
 // answered from IAM's cache: one store read per agent per tokenRecheck.
 const tokenRecheck = 30 * time.Second
 
-func newTokenLeaser(st store.Watcher, token string) *tokenLeaser {
+func newTokenLeaser(st store.LeaseTxn, token, nodeKey string) *tokenLeaser {
 	// Never admits anything: it only reads tokens. Node tokens belong to
 	// the root project, which is always there: the tree needs no refresh.
 	m := iam.New(st, iam.Options{AuthCacheTTL: tokenRecheck, TreeRefresh: time.Hour})
-	return &tokenLeaser{Watcher: st, iam: m, token: token}
+	return &tokenLeaser{LeaseTxn: st, iam: m, token: token, owner: fleet.OwnerOf(nodeKey)}
 }
 
 // check: ErrUnauthenticated for a token IAM does not know (or no longer),
 // ErrForbidden for a token of another role.
-func (l *tokenLeaser) check(ctx context.Context) error {
+func (l *tokenLeaser) check(ctx context.Context) (iam.Principal, error) {
 	p, err := l.iam.Authenticate(ctx, l.token)
 	if err != nil {
-		return fmt.Errorf("node token: %w", err)
+		return p, fmt.Errorf("node token: %w", err)
 	}
 	if err := iam.Authorize(p, iam.ActionNode, ""); err != nil {
-		return fmt.Errorf("node token: %w", err)
+		return p, fmt.Errorf("node token: %w", err)
 	}
-	return nil
+	return p, nil
 }
 
 func (l *tokenLeaser) PutWithLease(ctx context.Context, key string, value []byte, ttl time.Duration) (store.LeaseID, error) {
-	if err := l.check(ctx); err != nil {
+	p, err := l.check(ctx)
+	if err != nil {
 		return 0, err
 	}
-	return l.Watcher.PutWithLease(ctx, key, value, ttl)
+	var reg fleet.Registration
+	if err := json.Unmarshal(value, &reg); err != nil || fleet.Key(reg.ID) != key {
+		return 0, errdefs.Invalid("registration at %s: not a registration of that node", key)
+	}
+	if reg.Name, err = iam.BoundNodeName(p, reg.Name); err != nil {
+		return 0, err
+	}
+	reg.Owner, reg.Token = l.owner, p.TokenID
+	return fleet.Claim(ctx, l.LeaseTxn, reg, ttl, true)
 }
 
 func (l *tokenLeaser) KeepAlive(ctx context.Context, id store.LeaseID) error {
-	if err := l.check(ctx); err != nil {
+	if _, err := l.check(ctx); err != nil {
 		return err
 	}
-	return l.Watcher.KeepAlive(ctx, id)
+	return l.LeaseTxn.KeepAlive(ctx, id)
+}
+
+// Delete removes the node's registration if this agent holds it.
+func (l *tokenLeaser) Delete(ctx context.Context, key string) error {
+	id, ok := strings.CutPrefix(key, fleet.Prefix)
+	if !ok {
+		return errdefs.Invalid("registration key %q", key)
+	}
+	return fleet.Release(ctx, l.LeaseTxn, id, l.owner)
+}
+
+// nodeKeyTransport sends the agent's node key with each call to an
+// apiserver's registration endpoint (fleet.NodeKeyHeader).
+type nodeKeyTransport struct {
+	key  string
+	next http.RoundTripper
+}
+
+func (t nodeKeyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set(fleet.NodeKeyHeader, t.key)
+	return t.next.RoundTrip(r)
 }
 
 func orDefault(s, def string) string {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -32,6 +31,10 @@ type APIServerConfig struct {
 	DataDir string
 	Listen  string
 	Etcd    []string
+	// TLS: the API serves TLS with TLS.Cert and TLS.Key, and TLS.CA is
+	// what the agents' certificates are verified with when they registered
+	// an https address (the system's roots without it).
+	TLS TLSConfig
 	// Blobs is the blob store every apiserver and node share (blob.Open:
 	// a directory on a filesystem they all mount, or s3://bucket/prefix).
 	// Default <DataDir>/blobs (one host only).
@@ -114,7 +117,11 @@ func APIServer(ctx context.Context, cfg APIServerConfig) error {
 
 	// No shared node secret: each node registers its own, and the fleet
 	// view hands it to the client of that node.
-	clients := nodeapi.NewClients(nil)
+	nodeHTTP, err := cfg.TLS.nodeHTTP()
+	if err != nil {
+		return err
+	}
+	clients := nodeapi.NewClients(nodeHTTP)
 	fc := cfg.Fleet
 	fc.Store, fc.Source, fc.Log = st, clients, log
 	watcher, err := fleet.New(fc)
@@ -158,12 +165,12 @@ func APIServer(ctx context.Context, cfg APIServerConfig) error {
 	}, collector, ids, log)
 	acfg.Cluster = router
 	acfg.Registrations = st
-	ln, err := net.Listen("tcp", cfg.Listen)
+	ln, scheme, err := cfg.TLS.listen(cfg.Listen)
 	if err != nil {
-		return fmt.Errorf("listen: %w", err)
+		return err
 	}
 	httpSrv := startHTTP(ln, apiserver.New(acfg))
-	attrs := []any{"addr", ln.Addr().String(), "etcd", strings.Join(cfg.Etcd, ","), "data_dir", dir,
+	attrs := []any{"addr", ln.Addr().String(), "scheme", scheme, "etcd", strings.Join(cfg.Etcd, ","), "data_dir", dir,
 		"blobs", blobsOf(cfg.Blobs, dir), "nodes", len(watcher.Snapshot()), "startup", time.Since(start).Round(time.Millisecond)}
 	if admin != "" {
 		attrs = append(attrs, "admin_token_file", filepath.Join(dir, AdminTokenFile))

@@ -127,16 +127,25 @@ type testAgent struct {
 // startAgent runs an agent on data dir name with token, registering
 // through etcd (viaEtcd) or the apiserver, and waits until it is up; or
 // returns the error Agent returned first.
-func (c *testCluster) startAgent(name, token string, viaEtcd bool) (*testAgent, error) {
+func (c *testCluster) startAgent(name, token string, viaEtcd bool, mods ...func(*AgentConfig)) (*testAgent, error) {
+	c.t.Helper()
+	return c.startAgentWith(name, token, viaEtcd, mods...)
+}
+
+// startAgentWith is startAgent with mods applied to the agent's config.
+func (c *testCluster) startAgentWith(name, token string, viaEtcd bool, mods ...func(*AgentConfig)) (*testAgent, error) {
 	c.t.Helper()
 	cfg := AgentConfig{
 		DataDir: filepath.Join(c.dir, name), Listen: "127.0.0.1:0", Token: token,
-		Blobs: c.blobs, Backend: "fake", RegistrationTTL: 3 * time.Second, Log: c.log,
+		Blobs: c.blobs, Simulated: simulated, RegistrationTTL: 3 * time.Second, Log: c.log,
 	}
 	if viaEtcd {
 		cfg.Etcd = []string{c.etcd}
 	} else {
 		cfg.APIServers = []string{c.url}
+	}
+	for _, m := range mods {
+		m(&cfg)
 	}
 	ready := make(chan string, 1)
 	cfg.Ready = func(a string) { ready <- a }
@@ -172,9 +181,9 @@ func (c *testCluster) startAgent(name, token string, viaEtcd bool) (*testAgent, 
 	return a, nil
 }
 
-func (c *testCluster) mustAgent(name, token string, viaEtcd bool) *testAgent {
+func (c *testCluster) mustAgent(name, token string, viaEtcd bool, mods ...func(*AgentConfig)) *testAgent {
 	c.t.Helper()
-	a, err := c.startAgent(name, token, viaEtcd)
+	a, err := c.startAgent(name, token, viaEtcd, mods...)
 	if err != nil {
 		c.t.Fatalf("agent %s: %v", name, err)
 	}
@@ -444,7 +453,7 @@ func TestOpenBlobsErrors(t *testing.T) {
 		}
 	}
 	// A role with a bad --blobs fails at once, saying why.
-	err := Agent(ctx, AgentConfig{DataDir: t.TempDir(), Etcd: []string{"http://127.0.0.1:1"}, Token: "x", Blobs: "gs://b", Backend: "fake"})
+	err := Agent(ctx, AgentConfig{DataDir: t.TempDir(), Etcd: []string{"http://127.0.0.1:1"}, Token: "x", Blobs: "gs://b", Simulated: simulated})
 	if !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("agent with --blobs gs://b: %v, want ErrInvalid", err)
 	}

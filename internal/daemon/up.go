@@ -15,7 +15,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -34,6 +33,8 @@ import (
 type UpConfig struct {
 	DataDir string // all state lives here
 	Listen  string // API address, e.g. 127.0.0.1:7443
+	// TLS: plain HTTP unless TLS.Cert and TLS.Key are set.
+	TLS TLSConfig
 	// Blobs is the blob store (blob.Open: a directory or
 	// s3://bucket/prefix). Default <DataDir>/blobs.
 	Blobs  string
@@ -45,6 +46,9 @@ type UpConfig struct {
 	ImageCache string
 	// Ready, if set, is called once the API serves, with its address.
 	Ready func(addr string)
+	// StopSandboxes ends every sandbox when Up stops; by default they
+	// keep running, for the next Up on the data dir to re-adopt.
+	StopSandboxes bool
 }
 
 // DefaultDataDir and DefaultListen are where `warren up` keeps its state
@@ -57,8 +61,8 @@ const (
 // AdminTokenFile is the admin token's file name under the data dir.
 const AdminTokenFile = "admin-token"
 
-// Up runs everything until ctx ends. Sandboxes outlive it: a later Up on
-// the same data dir re-adopts them.
+// Up runs everything until ctx ends. Sandboxes outlive it, unless
+// StopSandboxes: a later Up on the same data dir re-adopts them.
 func Up(ctx context.Context, cfg UpConfig) error {
 	log := cfg.Log
 	if log == nil {
@@ -144,16 +148,17 @@ func Up(ctx context.Context, cfg UpConfig) error {
 	if fn != nil {
 		acfg.Fn = fn
 	}
-	ln, err := net.Listen("tcp", cfg.Listen)
+	ln, scheme, err := cfg.TLS.listen(cfg.Listen)
 	if err != nil {
-		return fmt.Errorf("listen: %w", err)
+		return err
 	}
 	httpSrv := startHTTP(ln, apiserver.New(acfg))
-	log.Info("warren is up", "addr", ln.Addr().String(), "node", nodeID, "data_dir", dir, "blobs", blobsOf(cfg.Blobs, dir),
+	log.Info("warren is up", "addr", ln.Addr().String(), "scheme", scheme, "node", nodeID, "data_dir", dir, "blobs", blobsOf(cfg.Blobs, dir),
 		"admin_token_file", filepath.Join(dir, AdminTokenFile), "startup", time.Since(start).Round(time.Millisecond))
 	if cfg.Ready != nil {
 		cfg.Ready(ln.Addr().String())
 	}
+	awaitStop(ctx, httpSrv, agent, cfg.StopSandboxes, log) // agent.go
 	return httpSrv.wait(ctx)
 }
 

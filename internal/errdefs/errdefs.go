@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/warrenhq/warren/api"
 )
 
 // Error kinds. Test with errors.Is.
@@ -72,4 +74,18 @@ func RetryAfter(err error) time.Duration {
 		return e.RetryAfter
 	}
 	return 0
+}
+
+// Request classifies the error of an api.Check* function: ErrInvalid,
+// with code api.CodeTooLarge when a field is over its limit
+// (*api.LimitError). Nil stays nil.
+func Request(err error) error {
+	if err == nil {
+		return nil
+	}
+	var le *api.LimitError
+	if errors.As(err, &le) {
+		return &Error{Kind: ErrInvalid, Code: api.CodeTooLarge, Msg: err.Error()}
+	}
+	return &Error{Kind: ErrInvalid, Msg: err.Error()}
 }

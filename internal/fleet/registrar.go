@@ -13,6 +13,10 @@ import (
 	"github.com/warrenhq/warren/internal/store"
 )
 
+// maxConflictWait is the least a Registrar waits for a conflicting
+// registration to expire before it gives up.
+const maxConflictWait = 3 * time.Second
+
 // DefaultTTL is how long a registration outlives its node's last renewal.
 const DefaultTTL = 10 * time.Second
 
@@ -56,6 +60,14 @@ type Registration struct {
 	// it when they call the node. It lives in the store (etcd, which only
 	// apiservers and agents reach); no API shows it.
 	Secret string `json:"secret,omitempty"`
+	// Owner is OwnerOf the registering agent's node key: only that agent
+	// may replace, renew or remove the registration while it is alive
+	// (Claim). Token is the id of the node token it registered with, and
+	// Lease the registration's lease. Empty in registrations written
+	// before node identity (they are nobody's to take over while alive).
+	Owner string `json:"owner,omitempty"`
+	Token string `json:"token,omitempty"`
+	Lease int64  `json:"lease,omitempty"`
 }
 
 // Registrar keeps one node registered under Key(id) with a lease it renews,
@@ -90,7 +102,8 @@ func NewRegistrar(cfg RegistrarConfig) (*Registrar, error) {
 		return nil, errdefs.Invalid("fleet: node pool %q: want %s or %s", n.Pool, api.PoolOnPrem, api.PoolCloud)
 	}
 	reg := Registration{
-		Node:   api.Node{ID: n.ID, Address: n.Address, Pool: n.Pool, Labels: n.Labels, Backends: n.Backends, Capacity: n.Capacity},
+		Node: api.Node{ID: n.ID, Name: n.Name, Address: n.Address, Pool: n.Pool, Labels: n.Labels,
+			Backends: n.Backends, Capacity: n.Capacity},
 		Secret: cfg.Secret,
 	}
 	value, err := json.Marshal(reg)
@@ -107,12 +120,15 @@ func NewRegistrar(cfg RegistrarConfig) (*Registrar, error) {
 // Deregister removes it at once.
 //
 // A store that refuses the node's credentials (ErrUnauthenticated or
-// ErrForbidden: a node token revoked, or never valid) ends Run with that
-// error, since trying again cannot help; the registration then expires.
+// ErrForbidden: a node token revoked, or never valid, or bound to another
+// node name) ends Run with that error, since trying again cannot help; the
+// registration then expires. So does ErrConflict (another live agent holds
+// the node id or name, Claim) that lasts two TTLs.
 func (r *Registrar) Run(ctx context.Context) error {
 	every := r.cfg.TTL / 3
 	backoff := every / 10
 	remembered := false
+	var conflictSince time.Time // another live agent holds the id or name
 	for {
 		if st, ok := r.cfg.Store.(store.Store); ok && !remembered {
 			rctx, cancel := context.WithTimeout(ctx, every)
@@ -128,6 +144,20 @@ func (r *Registrar) Run(ctx context.Context) error {
 		if refused(err) {
 			r.log.Error("node registration refused", "err", err)
 			return err
+		}
+		if errors.Is(err, errdefs.ErrConflict) {
+			// Another agent's registration is alive. If that agent is
+			// gone its lease runs out within its TTL; give it two of
+			// ours (at least maxConflictWait) before giving up for good.
+			if conflictSince.IsZero() {
+				conflictSince = time.Now()
+			}
+			if time.Since(conflictSince) > max(2*r.cfg.TTL, maxConflictWait) {
+				r.log.Error("node registration refused: another agent holds it", "err", err)
+				return err
+			}
+		} else {
+			conflictSince = time.Time{}
 		}
 		if err != nil {
 			r.log.Warn("node registration failed; retrying", "err", err, "after", backoff)

@@ -44,7 +44,7 @@ type boxSpec struct {
 // newBox has the launcher make a container and waits until it is ready. On
 // error nothing is left behind.
 func newBox(ctx context.Context, spec boxSpec) (b *box, err error) {
-	cg, err := spec.cgroups.get()
+	cg, err := spec.cgroups.get(spec.cpus > 0)
 	if err != nil {
 		return nil, err
 	}

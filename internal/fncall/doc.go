@@ -10,7 +10,9 @@
 // IPC and UTS namespaces. A container (box) is that clone as pid 1, in a
 // network namespace with only lo recycled from earlier containers
 // (netnsPool) and in memory, cpuacct and pids cgroups of its own (cpu too
-// when its runtime caps CPUs), recycled once empty (cgroupPool, v1). pid 1
+// when its runtime caps CPUs), recycled once empty (cgroupPool; on a
+// cgroup v2 host one cgroup with memory and pids, and cpu when capped:
+// cgroup.go). pid 1
 // builds the root: by default the runtime's EROFS layer bound read-only
 // with a size-capped tmpfs on /box, /tmp and /dev/shm (Runtime.WritableRoot,
 // or a layer that cannot be bound so, gives an overlay over that tmpfs
@@ -26,7 +28,7 @@
 // container,
 // writes the files, compiles once, and runs the program once per case as
 // an unprivileged uid (box.exec): the agent sets the cgroup limits over the
-// container's baseline, resets its peak, watches CPU time in cpuacct and
+// container's baseline, resets its peak, watches CPU time in cpuacct (v2: cpu.stat) and
 // asks pid 1 to kill the run past it; pid 1 enforces the wall time, the
 // output caps and RLIMIT_FSIZE, and after every run kills whatever the run
 // left behind. box.classify turns the exit, pid 1's kill reason and the

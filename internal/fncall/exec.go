@@ -71,6 +71,7 @@ func (b *box) execRaw(ctx context.Context, run proto.Run, lim limits) (api.FnCas
 		if err != nil {
 			return api.FnCaseResult{}, err
 		}
+		b.cg.sample()
 		if cpu-before.cpuNs > int64(lim.cpu) {
 			if err := kill("cpu"); err != nil {
 				return api.FnCaseResult{}, err

@@ -496,7 +496,7 @@ func TestPlatformFault(t *testing.T) {
 	}()
 	killed := false
 	for deadline := time.Now().Add(10 * time.Second); !killed && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		boxes, _ := filepath.Glob(filepath.Join(cgroupRoot, "pids", s.cfg.CgroupParent, "fn-*", "cgroup.procs"))
+		boxes, _ := boxCgroups(t, s, "cgroup.procs")
 		for _, f := range boxes {
 			b, _ := os.ReadFile(f)
 			pids := strings.Fields(string(b))
@@ -535,17 +535,34 @@ func TestLauncherRestart(t *testing.T) {
 	s.launchMu.Lock()
 	old := s.launch
 	s.launchMu.Unlock()
+	// The processes of its containers: the pool may start a new launcher
+	// and new containers as soon as this one is dead.
+	inBoxes := func() map[string]bool {
+		procs, _ := boxCgroups(t, s, "cgroup.procs")
+		pids := map[string]bool{}
+		for _, f := range procs {
+			b, _ := os.ReadFile(f)
+			for _, p := range strings.Fields(string(b)) {
+				pids[p] = true
+			}
+		}
+		return pids
+	}
+	before := inBoxes()
+	if len(before) == 0 {
+		t.Fatal("no container process before the launcher is killed")
+	}
 	if err := old.cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	<-old.dead
-	// Its containers died with it: no process is left in any cgroup.
+	// Its containers died with it: none of their processes is left.
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		procs, _ := filepath.Glob(filepath.Join(cgroupRoot, "pids", s.cfg.CgroupParent, "fn-*", "cgroup.procs"))
 		left := 0
-		for _, f := range procs {
-			b, _ := os.ReadFile(f)
-			left += len(strings.Fields(string(b)))
+		for p := range inBoxes() {
+			if before[p] {
+				left++
+			}
 		}
 		if left == 0 {
 			break
@@ -613,10 +630,17 @@ func TestCgroupsRecycled(t *testing.T) {
 		if c.Status != api.FnOK || c.PeakMemory < 7<<20 || c.PeakMemory > 64<<20 {
 			t.Fatalf("call %d: %+v", i, c)
 		}
-		dirs, _ := filepath.Glob(filepath.Join(cgroupRoot, "pids", s.cfg.CgroupParent, "fn-*"))
+		dirs, _ := boxCgroups(t, s, "")
 		for _, d := range dirs {
 			seen[filepath.Base(d)] = true
 		}
+	}
+	if !peakResets(t, s) {
+		// v2 before Linux 6.12: a box's peak is its cgroup's lifetime
+		// one, so cgroups are not recycled (the accounting above is
+		// what holds).
+		t.Logf("memory.peak does not reset on this kernel: %d cgroups for 12 calls, not recycled by design", len(seen))
+		return
 	}
 	if len(seen) > 4 {
 		t.Errorf("%d cgroups made for 12 sequential calls: not recycled", len(seen))
@@ -633,6 +657,10 @@ func TestCPUCap(t *testing.T) {
 	capped := free
 	capped.Name, capped.CPUs = "sh-capped", 0.25
 	s := startService(t, map[string]backend.Layer{"busybox@1": l}, free, capped)
+	if v2, _ := cgroupMode(); v2 {
+		testCPUCapV2(t, s)
+		return
+	}
 	parent, err := cpuDir(s.cfg.CgroupParent)
 	if err != nil {
 		t.Fatal(err)
@@ -672,12 +700,114 @@ n=0; while [ $n -lt 60000 ]; do n=$((n+1)); done`
 	if err != nil || strings.TrimSpace(string(quota)) != "25000" {
 		t.Errorf("capped container's quota %q (%v), want 25000", quota, err)
 	}
-	// At a quarter of a CPU the same work takes about 4x its CPU time.
+	checkCapped(t, free1, capped1)
+}
+
+// checkCapped: at a quarter of a CPU the same work takes about 4x its CPU
+// time.
+func checkCapped(t *testing.T, free1, capped1 api.FnCaseResult) {
+	t.Helper()
 	if free1.CPUMs < 40 || capped1.CPUMs < 40 {
 		t.Fatalf("the loop is too short to tell: %d and %d ms of CPU", free1.CPUMs, capped1.CPUMs)
 	}
 	t.Logf("capped: %d ms wall for %d ms CPU; uncapped: %d ms wall for %d ms CPU", capped1.WallMs, capped1.CPUMs, free1.WallMs, free1.CPUMs)
-	if capped1.WallMs < 2*capped1.CPUMs || free1.WallMs > 2*free1.CPUMs {
-		t.Errorf("capped: %d ms wall for %d ms CPU; uncapped: %d ms wall for %d ms CPU", capped1.WallMs, capped1.CPUMs, free1.WallMs, free1.CPUMs)
+	// Load only stretches a run's wall time, so the capped run's stretch
+	// is a safe check; the uncapped run's is not (a loaded machine, such
+	// as another test package running beside this one, stretches it
+	// 5-10x): that it has no cap is checked by its cgroup above.
+	if capped1.WallMs < 2*capped1.CPUMs {
+		t.Errorf("capped: %d ms wall for %d ms CPU, want at least 2x at a quarter of a CPU", capped1.WallMs, capped1.CPUMs)
 	}
+}
+
+// boxCgroups lists the boxes' cgroup directories (or file name in each)
+// on either cgroup version: the pids hierarchy's on v1, the unified one's
+// on v2 (capped boxes in the parent, uncapped ones in its shared child).
+func boxCgroups(t *testing.T, s *Service, file string) ([]string, error) {
+	t.Helper()
+	v2, err := cgroupMode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parents []string
+	if v2 {
+		d, err := cgroupV2Dir(s.cfg.CgroupParent)
+		if err != nil {
+			t.Fatal(err)
+		}
+		parents = []string{d, filepath.Join(d, sharedDir)}
+	} else {
+		d, err := cgroupV1Dir("pids", s.cfg.CgroupParent)
+		if err != nil {
+			t.Fatal(err)
+		}
+		parents = []string{d}
+	}
+	var out []string
+	for _, p := range parents {
+		m, err := filepath.Glob(filepath.Join(p, "fn-*", file))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m...)
+	}
+	return out, nil
+}
+
+// testCPUCapV2 is TestCPUCap on cgroup v2: every box has one cgroup, an
+// uncapped one in the shared child of the service's parent (no cpu
+// controller of its own), a capped one directly in the parent with cpu.max.
+func testCPUCapV2(t *testing.T, s *Service) {
+	script := `grep '^0::' /proc/self/cgroup | cut -d: -f3
+n=0; while [ $n -lt 60000 ]; do n=$((n+1)); done`
+	runIn := func(rt string) (string, api.FnCaseResult) {
+		t.Helper()
+		req := sh(script)
+		req.Runtime = rt
+		c := one(t, run(t, s, req))
+		if c.Status != api.FnOK {
+			t.Fatalf("%s: %+v", rt, c)
+		}
+		return strings.TrimSpace(c.Stdout), c
+	}
+	parent := "/" + strings.Trim(s.cfg.CgroupParent, "/")
+	got, free1 := runIn("sh")
+	if !strings.HasPrefix(got, parent+"/"+sharedDir+"/fn-") {
+		t.Errorf("uncapped run in cgroup %q, want one under %s/%s", got, parent, sharedDir)
+	}
+	dir, err := cgroupV2Dir(got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "cpu.max")); err == nil {
+		t.Errorf("uncapped box cgroup %s has the cpu controller", got)
+	}
+	got, capped1 := runIn("sh-capped")
+	if !strings.HasPrefix(got, parent+"/fn-") {
+		t.Fatalf("capped run in cgroup %q, want one directly under %s", got, parent)
+	}
+	dir, _ = cgroupV2Dir(got)
+	max, err := os.ReadFile(filepath.Join(dir, "cpu.max"))
+	if err != nil || strings.TrimSpace(string(max)) != "25000 100000" {
+		t.Errorf("capped container's cpu.max %q (%v), want 25000 100000", max, err)
+	}
+	checkCapped(t, free1, capped1)
+}
+
+// peakResets reports whether box cgroups can reset their peak memory:
+// always on v1, on v2 where memory.peak is writable (Linux >= 6.12).
+func peakResets(t *testing.T, s *Service) bool {
+	v2, err := cgroupMode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !v2 {
+		return true
+	}
+	d, err := cgroupV2Dir(s.cfg.CgroupParent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(filepath.Join(d, sharedDir, "memory.peak"))
+	return err == nil && fi.Mode()&0o200 != 0
 }

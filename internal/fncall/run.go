@@ -123,6 +123,9 @@ func (s *Service) validate(req api.FnRunRequest) (*call, error) {
 	if !ok {
 		return nil, errdefs.New(errdefs.ErrNotFound, api.CodeRuntimeNotFound, "runtime %q is not declared on this node", req.Runtime)
 	}
+	if err := api.CheckFn(&req); err != nil {
+		return nil, errdefs.Request(err)
+	}
 	c := &call{rt: rt, args: req.Args}
 	var err error
 	if c.lim, err = resolve(req.Limits, s.cfg.Defaults, s.cfg.Max); err != nil {
@@ -188,9 +191,6 @@ func (s *Service) validate(req api.FnRunRequest) (*call, error) {
 	} else if req.Stdin != "" {
 		return nil, errdefs.Invalid("give stdin or cases, not both")
 	}
-	if len(c.cases) > maxCases {
-		return nil, errdefs.Invalid("%d cases: at most %d per call", len(c.cases), maxCases)
-	}
 	for i, cs := range c.cases {
 		in, err := api.DecodeBytes(fmt.Sprintf("cases[%d].stdin", i), cs.Stdin, cs.StdinEncoding)
 		if err != nil {
@@ -210,13 +210,10 @@ func (s *Service) validate(req api.FnRunRequest) (*call, error) {
 		c.expect = append(c.expect, want)
 	}
 	if size > s.cfg.MaxRequestBytes {
-		return nil, errdefs.Invalid("files and inputs total %d bytes: at most %d", size, s.cfg.MaxRequestBytes)
+		return nil, errdefs.New(errdefs.ErrInvalid, api.CodeTooLarge, "files and inputs total %d bytes: at most %d", size, s.cfg.MaxRequestBytes)
 	}
 	return c, nil
 }
-
-// maxCases bounds one call; more cases belong in more calls (or a batch).
-const maxCases = 1000
 
 // runEnv is a run's environment: a PATH, HOME at the workdir, the
 // environment's variables, then the call's.

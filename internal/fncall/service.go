@@ -106,7 +106,8 @@ type Config struct {
 	// slower (2 per CPU against 4: +7% calls/s at saturation, A/B).
 	MaxRunning int
 	QueueWait  time.Duration // default 5 s
-	// MaxRequestBytes caps the files and inputs of one call (default 64 MiB).
+	// MaxRequestBytes caps the files and inputs of one call (default and
+	// at most api.MaxFnInput, 32 MiB).
 	MaxRequestBytes int64
 	Log             *slog.Logger
 }
@@ -187,8 +188,8 @@ func New(cfg Config) (*Service, error) {
 	if cfg.QueueWait <= 0 {
 		cfg.QueueWait = 5 * time.Second
 	}
-	if cfg.MaxRequestBytes == 0 {
-		cfg.MaxRequestBytes = 64 << 20
+	if cfg.MaxRequestBytes == 0 || cfg.MaxRequestBytes > api.MaxFnInput {
+		cfg.MaxRequestBytes = api.MaxFnInput
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()

@@ -124,7 +124,7 @@ func kindOfCode(code string) error {
 		return errdefs.ErrForbidden
 	case api.CodeNotFound, api.CodeSandboxNotFound, api.CodeFileNotFound, api.CodeImageNotFound, api.CodeLayerNotFound:
 		return errdefs.ErrNotFound
-	case api.CodeConflict:
+	case api.CodeConflict, api.CodeSandboxGone:
 		return errdefs.ErrConflict
 	case api.CodeExhausted, api.CodeNodeFull:
 		return errdefs.ErrExhausted
@@ -161,19 +161,25 @@ func Read(resp *http.Response) error {
 	return FromAPI(resp.StatusCode, body.Error)
 }
 
-// MaxJSONBody bounds JSON request bodies; exec stdin rides in them.
-const MaxJSONBody = 64 << 20
+// MaxJSONBody bounds JSON request bodies (api.MaxRequestBody); exec stdin
+// and FnCall files ride in them.
+const MaxJSONBody = api.MaxRequestBody
 
 // DecodeJSON reads one JSON object from r's body strictly: unknown fields
 // and trailing data are ErrInvalid, so a typo like "memroy" fails loudly
-// instead of being ignored.
+// instead of being ignored. A body over MaxJSONBody is ErrInvalid with
+// code api.CodeTooLarge, refused as soon as it is seen (by its
+// Content-Length) or read that far.
 func DecodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
+	if r.ContentLength > MaxJSONBody {
+		return tooLarge(r.ContentLength)
+	}
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, MaxJSONBody))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			return errdefs.Invalid("request body larger than %d bytes", mbe.Limit)
+			return tooLarge(-1)
 		}
 		if errors.Is(err, io.EOF) {
 			return errdefs.Invalid("empty request body: want a JSON object")
@@ -184,4 +190,11 @@ func DecodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
 		return errdefs.Invalid("malformed JSON: data after the object")
 	}
 	return nil
+}
+
+func tooLarge(n int64) error {
+	if n < 0 {
+		return errdefs.New(errdefs.ErrInvalid, api.CodeTooLarge, "request body: more than %d bytes, at most %d", int64(MaxJSONBody), int64(MaxJSONBody))
+	}
+	return errdefs.New(errdefs.ErrInvalid, api.CodeTooLarge, "request body: %d bytes, at most %d", n, int64(MaxJSONBody))
 }

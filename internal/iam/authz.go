@@ -100,6 +100,8 @@ type Principal struct {
 	Project   string    `json:"project"`
 	Role      Role      `json:"role"`
 	ExpiresAt time.Time `json:"expires_at,omitzero"` // zero: never
+	// Node is the node name a node token is bound to ("" for none).
+	Node string `json:"node,omitempty"`
 }
 
 // SystemPrincipal is the platform itself acting as root admin (bootstrap,

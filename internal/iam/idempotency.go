@@ -90,7 +90,10 @@ func idemKey(project, key string) string {
 //
 //   - claimed: the caller holds the key and must create, then Complete
 //     (with the result) or Abandon (on failure) the returned record;
-//   - not claimed: rec is done and rec.Result is the first create's answer.
+//   - not claimed: rec is done and rec.Result is the first create's answer,
+//     as it was then: what it named may have changed or gone since (the
+//     apiserver answers a replay with the sandbox as it is now, or
+//     sandbox_gone).
 //
 // While another request holds the key, Claim waits (polling the store)
 // until it completes, abandons, or its claim times out (then this caller

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"sort"
 	"sync"
 	"time"
@@ -43,6 +44,10 @@ type Token struct {
 	CreatedAt   time.Time `json:"created_at"`
 	CreatedBy   string    `json:"created_by,omitempty"` // token id
 	ExpiresAt   time.Time `json:"expires_at,omitzero"`  // zero: never
+	// Node binds a node token to one node name: the agent holding it
+	// registers only as that name. Empty: any name (tokensFormat 1 has
+	// no binding, and reads as unbound).
+	Node string `json:"node,omitempty"`
 }
 
 // TokenSpec is what CreateToken mints.
@@ -54,6 +59,42 @@ type TokenSpec struct {
 	TTL         time.Duration `json:"ttl,omitempty"`
 	Name        string        `json:"name,omitempty"`
 	Description string        `json:"description,omitempty"`
+	// Node binds a node token to one node name (RoleNode only; see
+	// ValidNodeName).
+	Node string `json:"node,omitempty"`
+}
+
+// nodeNamePattern: api.NodeNameMax of [a-z0-9.-], starting and ending
+// with a letter or digit.
+var nodeNamePattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$`)
+
+// ValidNodeName checks a node name (a token's binding, an agent's
+// --node-name); ErrInvalid otherwise.
+func ValidNodeName(name string) error {
+	if !nodeNamePattern.MatchString(name) {
+		return errdefs.Invalid("node name %q: want 1-%d of [a-z0-9.-], starting and ending with a letter or digit", name, api.NodeNameMax)
+	}
+	return nil
+}
+
+// BoundNodeName is the node name an agent registers as with p's node
+// token, asking for name: the token's binding when it has one (name empty
+// or equal), else name as asked. ErrForbidden (api.CodeNodeNameMismatch)
+// for another name than the binding; ErrInvalid for a malformed name.
+func BoundNodeName(p Principal, name string) (string, error) {
+	if p.Node != "" {
+		if name != "" && name != p.Node {
+			return "", errdefs.New(errdefs.ErrForbidden, api.CodeNodeNameMismatch,
+				"node token %s is bound to node %q; this agent asked to register as %q", p.TokenID, p.Node, name)
+		}
+		return p.Node, nil
+	}
+	if name != "" {
+		if err := ValidNodeName(name); err != nil {
+			return "", err
+		}
+	}
+	return name, nil
 }
 
 type tokenRecord struct {
@@ -87,6 +128,14 @@ func (i *IAM) CreateToken(ctx context.Context, by Principal, spec TokenSpec) (To
 	}
 	if len(spec.Name) > 255 || len(spec.Description) > 1024 {
 		return Token{}, "", errdefs.Invalid("token name (255) or description (1024) too long")
+	}
+	if spec.Node != "" {
+		if spec.Role != RoleNode {
+			return Token{}, "", errdefs.Invalid("only a node token is bound to a node (role %s)", spec.Role)
+		}
+		if err := ValidNodeName(spec.Node); err != nil {
+			return Token{}, "", err
+		}
 	}
 	if err := Authorize(by, ActionTokenWrite, project); err != nil {
 		return Token{}, "", err
@@ -123,7 +172,7 @@ func (i *IAM) CreateToken(ctx context.Context, by Principal, spec TokenSpec) (To
 		tok := Token{
 			ID: idOf(h), Project: project, ProjectUID: n.rec.UID, Role: spec.Role,
 			Name: spec.Name, Description: spec.Description,
-			CreatedAt: now, CreatedBy: by.TokenID, ExpiresAt: expires,
+			CreatedAt: now, CreatedBy: by.TokenID, ExpiresAt: expires, Node: spec.Node,
 		}
 		err := i.putToken(ctx, tok, h)
 		if errors.Is(err, errdefs.ErrConflict) && attempt < 3 {
@@ -368,7 +417,7 @@ func (i *IAM) lookup(ctx context.Context, h [32]byte) (authEntry, error) {
 	tok := rec.Token
 	return authEntry{
 		valid: true, uid: tok.ProjectUID,
-		p: Principal{TokenID: tok.ID, Name: tok.Name, Project: tok.Project, Role: tok.Role, ExpiresAt: tok.ExpiresAt},
+		p: Principal{TokenID: tok.ID, Name: tok.Name, Project: tok.Project, Role: tok.Role, ExpiresAt: tok.ExpiresAt, Node: tok.Node},
 	}, nil
 }
 

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -26,6 +27,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/guard"
 )
 
 // Images resolves an image name to its layers; *image.Registry does.
@@ -74,6 +76,13 @@ type Config struct {
 	Layers   Layers
 	Limits   Limits
 	Defaults Defaults
+	// Pool (default api.PoolOnPrem) and Labels are what a create's pool
+	// and node_selector must match here; Status reports them.
+	Pool   string
+	Labels map[string]string
+	// SpoolDir holds buffered exec output past its in-memory threshold,
+	// unlinked while open (default: "spool" next to StateDir).
+	SpoolDir string
 	// ReapInterval is how often TTLs and idle timeouts are checked.
 	ReapInterval time.Duration
 	Log          *slog.Logger
@@ -89,8 +98,11 @@ type Agent struct {
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
 	inflight  int
-	reserved  usage     // resources of live sandboxes and creates in flight
-	changes   changeLog // what Changes tells (changes.go); its tombstones under mu
+	// shuttingDown: StopSandboxes is on, and admits no more creates.
+	shuttingDown bool
+	reserved     usage     // resources of live sandboxes and creates in flight
+	changes      changeLog // what Changes tells (changes.go); its tombstones under mu
+	graves       graves    // why recently ended sandboxes ended (reaper.go)
 
 	stop chan struct{}
 	// closing is canceled by Close: what runs for the agent's lifetime
@@ -123,9 +135,20 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	cfg.Limits = cfg.Limits.withDefaults()
 	cfg.Defaults = cfg.Defaults.withDefaults()
+	if cfg.Pool == "" {
+		cfg.Pool = api.PoolOnPrem
+	}
+	cfg.Labels = maps.Clone(cfg.Labels)
+	if cfg.SpoolDir == "" {
+		cfg.SpoolDir = filepath.Join(filepath.Dir(filepath.Clean(cfg.StateDir)), "spool")
+	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("node state dir: %w", err)
 	}
+	if err := os.MkdirAll(cfg.SpoolDir, 0o700); err != nil {
+		return nil, fmt.Errorf("node spool dir: %w", err)
+	}
+	guard.SweepSpool(cfg.SpoolDir)
 	a := &Agent{
 		cfg:       cfg,
 		backends:  map[string]backend.Backend{},
@@ -146,6 +169,11 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	return a, nil
 }
+
+// SpoolDir is where buffered exec output past its in-memory threshold
+// goes (guard.Spool): files unlinked while open, so nothing outlives the
+// call that wrote it.
+func (a *Agent) SpoolDir() string { return a.cfg.SpoolDir }
 
 func (l Limits) withDefaults() Limits {
 	if l.CPU == 0 {
@@ -208,11 +236,19 @@ func hostMemory() int64 {
 // ID returns the node's id.
 func (a *Agent) ID() string { return a.cfg.ID }
 
-// Start re-adopts the sandboxes an earlier agent process left running and
-// starts the reaper. Sandboxes whose backend lost them are marked lost.
+// Start re-adopts the sandboxes an earlier agent process left running,
+// removes what the backends hold for sandboxes that have no record
+// (sweep.go), ends the sandboxes whose TTL ran out while the agent was
+// down, and starts the reaper: by the time it returns, the node holds
+// nothing it should not. Sandboxes whose backend lost them are marked
+// lost.
 func (a *Agent) Start(ctx context.Context) error {
 	if err := a.recover(ctx); err != nil {
 		return err
+	}
+	a.sweep(ctx)
+	if n := a.reap(time.Now()); n > 0 {
+		a.log.Info("ended sandboxes whose ttl expired while the agent was down", "count", n)
 	}
 	a.wg.Add(1)
 	go a.reapLoop()
@@ -220,7 +256,7 @@ func (a *Agent) Start(ctx context.Context) error {
 }
 
 // Close stops the reaper and the watchers. Sandboxes keep running: a new
-// agent re-adopts them.
+// agent re-adopts them (StopSandboxes first ends them instead).
 func (a *Agent) Close() error {
 	select {
 	case <-a.stop:
@@ -237,7 +273,9 @@ func (a *Agent) Status() api.Node {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	n := api.Node{
-		ID: a.cfg.ID,
+		ID:     a.cfg.ID,
+		Pool:   a.cfg.Pool,
+		Labels: maps.Clone(a.cfg.Labels),
 		Capacity: api.Capacity{
 			CPU:       a.cfg.Limits.CPU,
 			Memory:    api.Quantity(a.cfg.Limits.Memory),
@@ -298,8 +336,13 @@ func (a *Agent) lookup(id string) (*sandbox, error) {
 	}
 	a.mu.Lock()
 	s := a.sandboxes[id]
+	g, ok := a.graves.get(id)
 	a.mu.Unlock()
 	if s == nil {
+		if ok {
+			return nil, errdefs.New(errdefs.ErrNotFound, api.CodeSandboxNotFound,
+				"sandbox %s not found: it was ended at %s (%s)", id, g.at.Format(time.RFC3339), g.reason)
+		}
 		return nil, errSandboxNotFound(id)
 	}
 	return s, nil

@@ -8,7 +8,6 @@ import (
 	"io"
 	"path"
 	"strings"
-	"time"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/backend"
@@ -16,19 +15,20 @@ import (
 	"github.com/warrenhq/warren/internal/guard"
 )
 
-// maxExecTimeout bounds a single exec; longer work belongs in a sandbox's
-// own background processes.
-const maxExecTimeout = 24 * time.Hour
-
 // running returns a live sandbox that is running, or a classified error.
 func (a *Agent) running(id string) (*sandbox, error) {
 	s, err := a.lookup(id)
 	if err != nil {
 		return nil, err
 	}
-	v := s.snapshot()
-	if v.State != api.StateRunning {
-		return nil, errdefs.New(errdefs.ErrConflict, "sandbox_not_running", "sandbox %s is %s, not running", id, v.State)
+	s.mu.Lock()
+	state, deleting, reason := s.view.State, s.deleting, s.endReason
+	s.mu.Unlock()
+	if deleting {
+		return nil, errGone(id, reason, false)
+	}
+	if state != api.StateRunning {
+		return nil, errdefs.New(errdefs.ErrConflict, "sandbox_not_running", "sandbox %s is %s, not running", id, state)
 	}
 	return s, nil
 }
@@ -40,15 +40,11 @@ func (a *Agent) running(id string) (*sandbox, error) {
 // command could not be run; a failing command is a result with its exit
 // code.
 func (a *Agent) Exec(ctx context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (api.ExecResult, error) {
-	s, err := a.running(id)
+	breq, err := a.execRequest(req)
 	if err != nil {
 		return api.ExecResult{}, err
 	}
-	ex, ok := s.backend.(backend.Execer)
-	if !ok {
-		return api.ExecResult{}, errdefs.Invalid("backend %s does not support exec", s.backend.Name())
-	}
-	breq, err := a.execRequest(req)
+	ex, s, done, err := call[backend.Execer](a, id, "exec")
 	if err != nil {
 		return api.ExecResult{}, err
 	}
@@ -73,10 +69,8 @@ func (a *Agent) Exec(ctx context.Context, id string, req api.ExecRequest, stdout
 	outW, errW := guard.NewLimitWriter(stdout, limit), guard.NewLimitWriter(stderr, limit)
 	breq.Stdout, breq.Stderr = outW, errW
 
-	s.touch()
 	res, err := ex.Exec(ctx, id, breq)
-	s.touch()
-	if err != nil {
+	if err := done(err); err != nil {
 		return api.ExecResult{}, err
 	}
 	out := api.ExecResult{
@@ -98,6 +92,9 @@ func (a *Agent) Exec(ctx context.Context, id string, req api.ExecRequest, stdout
 
 // execRequest validates an API exec request and turns it into a backend one.
 func (a *Agent) execRequest(req api.ExecRequest) (backend.ExecRequest, error) {
+	if err := api.CheckExec(&req); err != nil {
+		return backend.ExecRequest{}, errdefs.Request(err)
+	}
 	var argv []string
 	switch {
 	case len(req.Argv) > 0 && req.Cmd != "":
@@ -121,14 +118,8 @@ func (a *Agent) execRequest(req api.ExecRequest) (backend.ExecRequest, error) {
 		return backend.ExecRequest{}, errdefs.Invalid("cwd %q: must be absolute", req.Cwd)
 	}
 	timeout := req.Timeout.D()
-	switch {
-	case timeout == 0:
+	if timeout == 0 {
 		timeout = a.cfg.Defaults.ExecTimeout
-	case timeout > maxExecTimeout:
-		return backend.ExecRequest{}, errdefs.Invalid("timeout %v: at most %v", timeout, maxExecTimeout)
-	}
-	if req.MaxOutput < 0 {
-		return backend.ExecRequest{}, errdefs.Invalid("max_output must not be negative")
 	}
 	var stdin io.Reader
 	switch req.StdinEncoding {
@@ -155,76 +146,72 @@ func (a *Agent) execRequest(req api.ExecRequest) (backend.ExecRequest, error) {
 	}, nil
 }
 
-// files returns a running sandbox's file access after checking path.
-func (a *Agent) files(id, p string) (*sandbox, backend.Files, error) {
+// files returns a running sandbox's file access after checking path, with
+// the call begun (reaper.go): done must end it, and gives the answer.
+func (a *Agent) files(id, p string) (backend.Files, func(error) error, error) {
 	if p == "" || !path.IsAbs(p) {
 		return nil, nil, errdefs.Invalid("path %q: must be absolute", p)
 	}
 	if strings.ContainsRune(p, 0) {
 		return nil, nil, errdefs.Invalid("path contains a NUL byte")
 	}
-	s, err := a.running(id)
+	f, _, done, err := call[backend.Files](a, id, "file transfer")
 	if err != nil {
 		return nil, nil, err
 	}
-	f, ok := s.backend.(backend.Files)
-	if !ok {
-		return nil, nil, errdefs.Invalid("backend %s does not support file transfer", s.backend.Name())
-	}
-	s.touch()
-	return s, f, nil
+	return f, func(err error) error { return done(fileErr(p, err)) }, nil
 }
 
 // Stat describes a path inside a sandbox.
 func (a *Agent) Stat(ctx context.Context, id, p string) (api.FileInfo, error) {
-	_, f, err := a.files(id, p)
+	f, done, err := a.files(id, p)
 	if err != nil {
 		return api.FileInfo{}, err
 	}
 	fi, err := f.Stat(ctx, id, p)
-	if err != nil {
-		return api.FileInfo{}, fileErr(p, err)
+	if err := done(err); err != nil {
+		return api.FileInfo{}, err
 	}
 	return api.FileInfo{Path: path.Clean(p), Size: fi.Size, Mode: fi.Mode, IsDir: fi.IsDir}, nil
 }
 
 // WriteFile writes one regular file into a sandbox.
 func (a *Agent) WriteFile(ctx context.Context, id, p string, mode uint32, r io.Reader) error {
-	_, f, err := a.files(id, p)
-	if err != nil {
-		return err
-	}
 	if mode&^0o7777 != 0 {
 		return errdefs.Invalid("mode %o: only permission bits", mode)
 	}
-	return fileErr(p, f.WriteFile(ctx, id, p, mode, r))
+	f, done, err := a.files(id, p)
+	if err != nil {
+		return err
+	}
+	return done(f.WriteFile(ctx, id, p, mode, r))
 }
 
 // ReadFile streams one regular file out of a sandbox.
 func (a *Agent) ReadFile(ctx context.Context, id, p string, w io.Writer) error {
-	_, f, err := a.files(id, p)
+	f, done, err := a.files(id, p)
 	if err != nil {
 		return err
 	}
-	return fileErr(p, f.ReadFile(ctx, id, p, w))
+	return done(f.ReadFile(ctx, id, p, w))
 }
 
 // WriteTar extracts a tar stream under dir inside a sandbox.
 func (a *Agent) WriteTar(ctx context.Context, id, dir string, r io.Reader) error {
-	_, f, err := a.files(id, dir)
+	f, done, err := a.files(id, dir)
 	if err != nil {
 		return err
 	}
-	return fileErr(dir, f.WriteTar(ctx, id, dir, r))
+	return done(f.WriteTar(ctx, id, dir, r))
 }
 
 // ReadTar streams a file or directory tree out of a sandbox as a tar.
 func (a *Agent) ReadTar(ctx context.Context, id, p string, w io.Writer) error {
-	_, f, err := a.files(id, p)
+	f, done, err := a.files(id, p)
 	if err != nil {
 		return err
 	}
-	return fileErr(p, f.ReadTar(ctx, id, p, w))
+	return done(f.ReadTar(ctx, id, p, w))
 }
 
 // fileErr gives a missing path the file_not_found code.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"math"
-	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -30,6 +29,15 @@ type sandbox struct {
 	rev      uint64      // of the view's last change (changes.go)
 	deleting bool
 	cancel   context.CancelFunc // stops the watcher
+	// calls counts the calls in flight (execs, file transfers): the idle
+	// reaper leaves a sandbox with any alone (reaper.go).
+	calls int
+	// ends counts the times the platform set out to end the sandbox, and
+	// endReason says why the last time: a call that saw ends change
+	// while it ran answers sandbox_gone with the reason, not whatever the
+	// destroyed sandbox made of it (an exit 137).
+	ends      uint64
+	endReason string
 }
 
 func (s *sandbox) snapshot() api.Sandbox {
@@ -42,13 +50,6 @@ func (s *sandbox) snapshot() api.Sandbox {
 	return v
 }
 
-func (s *sandbox) touch() {
-	s.mu.Lock()
-	s.view.LastUsedAt = time.Now().UTC()
-	s.changed()
-	s.mu.Unlock()
-}
-
 func (s *sandbox) setState(state, reason string) {
 	s.mu.Lock()
 	s.view.State, s.view.Reason = state, reason
@@ -56,11 +57,12 @@ func (s *sandbox) setState(state, reason string) {
 	s.mu.Unlock()
 }
 
-var labelKeyPattern = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._/-]{0,62}[A-Za-z0-9])?$`)
-
 // validate checks a create request and fills in defaults. Every error is
 // ErrInvalid.
 func (a *Agent) validate(req *api.CreateSandboxRequest) error {
+	if err := api.CheckCreate(req); err != nil {
+		return errdefs.Request(err)
+	}
 	d := a.cfg.Defaults
 	if req.Backend == "" {
 		req.Backend = api.BackendContainer
@@ -105,17 +107,33 @@ func (a *Agent) validate(req *api.CreateSandboxRequest) error {
 	if req.IdleTimeout != 0 && req.IdleTimeout.D() < time.Second {
 		return errdefs.Invalid("idle_timeout %v: at least 1s", req.IdleTimeout)
 	}
-	if len(req.Labels) > 64 {
-		return errdefs.Invalid("at most 64 labels")
-	}
-	for k, v := range req.Labels {
-		if !labelKeyPattern.MatchString(k) || len(v) > 256 {
-			return errdefs.Invalid("label %q: keys are 1-64 of [A-Za-z0-9._/-], values at most 256 bytes", k)
-		}
-	}
 	for k := range req.Env {
 		if !api.ValidEnvName(k) {
 			return errdefs.Invalid("env %q: not a valid variable name", k)
+		}
+	}
+	return nil
+}
+
+// placeable checks a create's pool and node_selector against this node:
+// ErrUnavailable with code api.CodeNoMatchingNode (503) naming the
+// constraint it fails, as placement would have answered.
+func (a *Agent) placeable(req *api.CreateSandboxRequest) error {
+	if req.Pool != "" && req.Pool != a.cfg.Pool {
+		return errdefs.New(errdefs.ErrUnavailable, api.CodeNoMatchingNode,
+			"no node matches pool %s (node %s is in pool %s)", req.Pool, a.cfg.ID, a.cfg.Pool)
+	}
+	keys := slices.Sorted(maps.Keys(req.NodeSelector))
+	for _, k := range keys {
+		want := req.NodeSelector[k]
+		have, ok := a.cfg.Labels[k]
+		switch {
+		case !ok:
+			return errdefs.New(errdefs.ErrUnavailable, api.CodeNoMatchingNode,
+				"no node matches node_selector %s=%s (node %s lacks label %s)", k, want, a.cfg.ID, k)
+		case have != want:
+			return errdefs.New(errdefs.ErrUnavailable, api.CodeNoMatchingNode,
+				"no node matches node_selector %s=%s (node %s has %s=%s)", k, want, a.cfg.ID, k, have)
 		}
 	}
 	return nil
@@ -126,6 +144,9 @@ func (a *Agent) admit(r api.Resources) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	l := a.cfg.Limits
+	if a.shuttingDown {
+		return errdefs.Unavailable("node %s is shutting down and ending its sandboxes", a.cfg.ID)
+	}
 	var why string
 	switch {
 	case a.inflight >= l.CreatesInFlight:
@@ -165,6 +186,9 @@ func (a *Agent) CreateFrom(ctx context.Context, req api.CreateSandboxRequest, im
 
 func (a *Agent) createFrom(ctx context.Context, req api.CreateSandboxRequest, resolved *api.Image) (api.Sandbox, error) {
 	if err := a.validate(&req); err != nil {
+		return api.Sandbox{}, err
+	}
+	if err := a.placeable(&req); err != nil {
 		return api.Sandbox{}, err
 	}
 	b, ok := a.backends[req.Backend]
@@ -402,7 +426,8 @@ func (a *Agent) List(ctx context.Context, f Filter) ([]api.Sandbox, error) {
 }
 
 // Delete destroys a sandbox and everything it holds. Deleting an unknown
-// or already deleted sandbox succeeds: callers may retry freely.
+// or already deleted sandbox succeeds: callers may retry freely. Calls in
+// flight on it answer sandbox_gone ("deleted").
 func (a *Agent) Delete(ctx context.Context, id string) error {
 	s, err := a.lookup(id)
 	if errors.Is(err, errdefs.ErrNotFound) {
@@ -411,38 +436,6 @@ func (a *Agent) Delete(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	s.mu.Lock()
-	if s.deleting {
-		s.mu.Unlock()
-		return nil // another Delete is on it
-	}
-	s.deleting = true
-	s.view.State = api.StateStopping
-	s.changed()
-	cancel := s.cancel
-	s.mu.Unlock()
-	if cancel != nil {
-		cancel()
-	}
-	// Destroy outlives the caller: a half-destroyed sandbox helps nobody.
-	dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
-	defer dcancel()
-	if err := s.backend.Destroy(dctx, id); err != nil {
-		s.mu.Lock()
-		s.deleting = false
-		s.view.State, s.view.Reason = api.StateFailed, "delete failed: "+err.Error()
-		s.changed()
-		s.mu.Unlock()
-		return fmt.Errorf("destroy %s: %w", id, err)
-	}
-	a.removeRecord(id)
-	a.mu.Lock()
-	if a.sandboxes[id] == s {
-		delete(a.sandboxes, id)
-		a.changes.buried(id)
-		a.reserved.add(s.view.Resources, -1)
-	}
-	a.mu.Unlock()
-	a.log.Info("sandbox deleted", "sandbox", id)
-	return nil
+	_, err = a.end(ctx, s, func(*sandbox) string { return endDeleted })
+	return err
 }

@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -93,9 +94,9 @@ type Config struct {
 type Request struct {
 	Backend   string            // "" for any
 	Resources api.Capacity      // Sandboxes 0 counts as 1
-	Labels    map[string]string // the node must carry each, with that value
-	// Pool restricts placement to one pool; "" means the home pool, with
-	// spill to the burst pool if Burstable.
+	Labels    map[string]string // the node must carry each, with that value (a create's node_selector)
+	// Pool restricts placement to one pool, with no spill to another; ""
+	// means the home pool, with spill to the burst pool if Burstable.
 	Pool      string
 	Burstable bool
 	Exclude   []string // node ids not to use
@@ -207,7 +208,8 @@ func (p *Placer) Place(ctx context.Context, req Request) (string, error) {
 	}
 	res := req.demand()
 	nodes := p.cfg.Fleet.Snapshot()
-	s := &search{p: p, nodes: nodes, req: req, res: res, now: time.Now(), exclude: map[string]bool{}, raced: map[string]bool{}}
+	s := &search{p: p, nodes: nodes, req: req, res: res, now: time.Now(), exclude: map[string]bool{}, raced: map[string]bool{},
+		selector: slices.Sorted(maps.Keys(req.Labels))}
 	for _, id := range req.Exclude {
 		s.exclude[id] = true
 	}
@@ -361,6 +363,9 @@ type search struct {
 	pool    string
 	why     rejections
 	tried   []rejections
+	// selector is req.Labels' keys, sorted: a node that fails the
+	// selector is counted under the first key it fails.
+	selector []string
 }
 
 // rejections counts why the nodes of one pool were not feasible.
@@ -369,6 +374,30 @@ type rejections struct {
 	nodes, unhealthy, backend, labels, full int
 	refused                                 int
 	retryAfter                              time.Duration
+	// lack counts the nodes without a selector key; other counts those
+	// with the key but another value, by "key=value".
+	lack, other map[string]int
+}
+
+// miss counts node n under the first selector key it does not match.
+func (r *rejections) miss(keys []string, want, have map[string]string) {
+	for _, k := range keys {
+		v, ok := have[k]
+		switch {
+		case !ok:
+			if r.lack == nil {
+				r.lack = map[string]int{}
+			}
+			r.lack[k]++
+			return
+		case v != want[k]:
+			if r.other == nil {
+				r.other = map[string]int{}
+			}
+			r.other[k+"="+v]++
+			return
+		}
+	}
 }
 
 // feasible checks node i and returns the load it would have with the
@@ -388,6 +417,7 @@ func (s *search) feasible(i int) (float64, bool) {
 		return 0, false
 	case !hasLabels(n.Labels, s.req.Labels):
 		s.why.labels++
+		s.why.miss(s.selector, s.req.Labels, n.Labels)
 		return 0, false
 	case s.exclude[n.ID]:
 		s.why.refused++
@@ -492,6 +522,17 @@ func (s *search) err() error {
 		parts = append(parts, r.String(s.req))
 	}
 	msg := "no node can take the sandbox: " + strings.Join(parts, "; ")
+	// A required pool or selector that no node matches is named first:
+	// it is the caller's constraint, not a passing shortage.
+	switch {
+	case total.nodes == 0 && s.req.Pool != "":
+		msg = fmt.Sprintf("no node matches pool %s (%s)", s.req.Pool, strings.Join(parts, "; "))
+	case total.labels > 0 && total.full == 0 && total.refused == 0:
+		msg = fmt.Sprintf("no node matches node_selector %s (%s)", selectorString(s.selector, s.req.Labels), strings.Join(parts, "; "))
+		if s.req.Pool != "" {
+			msg = fmt.Sprintf("no node in pool %s matches node_selector %s (%s)", s.req.Pool, selectorString(s.selector, s.req.Labels), strings.Join(parts, "; "))
+		}
+	}
 	switch {
 	case total.refused > 0:
 		// The nodes that would fit turned creates away a moment ago.
@@ -514,7 +555,7 @@ func (r rejections) String(req Request) string {
 	}{
 		{r.unhealthy, "unhealthy"},
 		{r.backend, fmt.Sprintf("without backend %s", req.Backend)},
-		{r.labels, fmt.Sprintf("without labels %v", req.Labels)},
+		{r.labels, r.labelMisses()},
 		{r.refused, "refusing creates"},
 		{r.full, "without room"},
 	} {
@@ -523,4 +564,42 @@ func (r rejections) String(req Request) string {
 		}
 	}
 	return s
+}
+
+// labelMisses says how the nodes that fail the selector fail it, e.g.
+// "lack label rack, 1 has rack=r2" after a count of 2: the first
+// group's count is printed by the caller.
+func (r rejections) labelMisses() string {
+	type group struct {
+		n    int
+		what string
+	}
+	var gs []group
+	for _, k := range slices.Sorted(maps.Keys(r.lack)) {
+		gs = append(gs, group{r.lack[k], "lack label " + k})
+	}
+	for _, kv := range slices.Sorted(maps.Keys(r.other)) {
+		gs = append(gs, group{r.other[kv], "has " + kv})
+	}
+	if len(gs) == 0 {
+		return "not matching node_selector"
+	}
+	// The caller prints the total count first: make it the first group's
+	// when there is only one, and spell every count out otherwise.
+	if len(gs) == 1 {
+		return gs[0].what
+	}
+	parts := make([]string, len(gs))
+	for i, g := range gs {
+		parts[i] = fmt.Sprintf("%d %s", g.n, g.what)
+	}
+	return "not matching node_selector (" + strings.Join(parts, ", ") + ")"
+}
+
+func selectorString(keys []string, sel map[string]string) string {
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + sel[k]
+	}
+	return strings.Join(parts, ",")
 }

@@ -499,3 +499,65 @@ func TestConcurrentPlace(t *testing.T) {
 		})
 	}
 }
+
+// TestConstraints: a node_selector and a required pool are honoured
+// exactly, never spilled past, and a create no node matches names the
+// constraint and how each node fails it.
+func TestConstraints(t *testing.T) {
+	f := fleet.NewStatic(
+		node("a", nil),
+		node("b", func(n *api.Node) { n.Labels = map[string]string{"zone": "x"} }),
+		node("c", func(n *api.Node) { n.Labels = map[string]string{"rack": "r2"} }),
+		node("d", func(n *api.Node) { n.Pool = api.PoolCloud; n.Labels = map[string]string{"rack": "r1", "gpu": "yes"} }),
+	)
+	one := api.Capacity{CPU: 1, Memory: 1 << 30}
+	for _, tt := range []struct {
+		name string
+		req  placement.Request
+		want string   // the node, or the error code
+		msg  []string // in the error
+	}{
+		{"selector in the home pool", placement.Request{Resources: one, Labels: map[string]string{"rack": "r1"}},
+			api.CodeNoMatchingNode, []string{"no node matches node_selector rack=r1", "3 nodes", "2 lack label rack", "1 has rack=r2"}},
+		{"selector and pool", placement.Request{Resources: one, Labels: map[string]string{"rack": "r1"}, Pool: api.PoolCloud}, "d", nil},
+		{"every key must match", placement.Request{Resources: one, Labels: map[string]string{"rack": "r1", "gpu": "no"}, Pool: api.PoolCloud},
+			api.CodeNoMatchingNode, []string{"node_selector gpu=no,rack=r1", "1 has gpu=yes"}},
+		{"one reason", placement.Request{Resources: one, Labels: map[string]string{"zone": "y"}},
+			api.CodeNoMatchingNode, []string{"no node matches node_selector zone=y", "2 lack label zone, 1 has zone=x"}},
+		{"burstable with a selector spills only to matching nodes", placement.Request{Resources: one, Labels: map[string]string{"rack": "r1"}, Burstable: true}, "d", nil},
+		{"required pool", placement.Request{Resources: one, Pool: api.PoolCloud}, "d", nil},
+		{"required pool without nodes", placement.Request{Resources: one, Pool: "edge"},
+			api.CodeNoMatchingNode, []string{"no node matches pool edge", "pool edge has no nodes"}},
+	} {
+		for _, s := range strats {
+			t.Run(fmt.Sprintf("%s/%s", s, tt.name), func(t *testing.T) {
+				p := newPlacer(t, placement.Config{Fleet: f, Strategy: s})
+				got, err := chosen(t, p, tt.req, 50)
+				if tt.msg == nil {
+					if err != nil || fmt.Sprint(got) != "["+tt.want+"]" {
+						t.Fatalf("got %v, %v; want [%s]", got, err, tt.want)
+					}
+					return
+				}
+				if !errors.Is(err, errdefs.ErrUnavailable) || errdefs.Code(err) != tt.want {
+					t.Fatalf("got %v, %v; want 503 %s", got, err, tt.want)
+				}
+				for _, m := range tt.msg {
+					if !strings.Contains(err.Error(), m) {
+						t.Errorf("error %q lacks %q", err, m)
+					}
+				}
+			})
+		}
+	}
+
+	// A required pool that is full does not spill, burstable or not.
+	f.Set(node("d", func(n *api.Node) { n.Pool = api.PoolCloud; n.Usage = cap8 }))
+	p := newPlacer(t, placement.Config{Fleet: f})
+	for _, burst := range []bool{false, true} {
+		_, err := p.Place(context.Background(), placement.Request{Resources: one, Pool: api.PoolCloud, Burstable: burst})
+		if errdefs.Code(err) != api.CodeNoCapacity {
+			t.Errorf("pool cloud full, burstable %v: got %v, want no_capacity (no spill)", burst, err)
+		}
+	}
+}

@@ -324,7 +324,7 @@ type clusterOpts struct {
 func runCluster(t *testing.T, o clusterOpts) {
 	testutil.RequireBinary(t, "go")
 	dir := t.TempDir()
-	m := &multi{t: t, bin: warrenBin(t), dir: dir, blobs: filepath.Join(dir, "blobs"), backend: o.backend}
+	m := &multi{t: t, bin: warrenBin(t, "warrenfake"), dir: dir, blobs: filepath.Join(dir, "blobs"), backend: o.backend}
 	m.etcd = startEtcdCluster(t, filepath.Join(dir, "etcd"), 3)
 	if o.netns {
 		for i := range 3 {
@@ -413,6 +413,25 @@ func runCluster(t *testing.T, o clusterOpts) {
 	}
 	if len(perNode) < 2 {
 		t.Errorf("6 creates all went to %v", perNode)
+	}
+	// Placement constraints: --node-selector finds the one node with that
+	// label (agent --label), and one no node matches is a 503 that says so.
+	rack1 := ""
+	for _, nd := range m.nodes(0) {
+		if nd.Labels["rack"] == "r1" {
+			rack1 = nd.ID
+		}
+	}
+	for i := range 3 {
+		sb := m.create(i%2, "--node-selector", "rack=r1", "--pool", "onprem")
+		if sb.Node != rack1 {
+			t.Errorf("--node-selector rack=r1: placed on %s, want %s", sb.Node, rack1)
+		}
+		m.mustCLI(0, "sandbox", "rm", sb.ID)
+	}
+	if _, stderr, code := m.cli(1, "sandbox", "create", "--image", "busybox", "--node-selector", "rack=r9"); code != 1 ||
+		!strings.Contains(stderr, "no node matches node_selector rack=r9") || !strings.Contains(stderr, api.CodeNoMatchingNode) {
+		t.Errorf("--node-selector rack=r9: exit %d, stderr %q; want 1 and %s", code, stderr, api.CodeNoMatchingNode)
 	}
 	for i, sb := range sbs {
 		out := m.mustCLI((i+1)%2, "exec", sb.ID, "--", "sh", "-c", "echo hi from $(hostname)")

@@ -20,11 +20,12 @@ import (
 	"github.com/warrenhq/warren/internal/testutil"
 )
 
-// warrenBin builds the binary once per test run.
-func warrenBin(t *testing.T) string {
+// warrenBin builds the binary once per test run, with build tags such as
+// warrenfake (`warren agent --backend fake`).
+func warrenBin(t *testing.T, tags ...string) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "warren")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/warrenhq/warren/cmd/warren")
+	cmd := exec.Command("go", "build", "-tags", strings.Join(tags, ","), "-o", bin, "github.com/warrenhq/warren/cmd/warren")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
@@ -38,6 +39,7 @@ type cluster struct {
 	addr    string
 	up      *exec.Cmd
 	log     *bytes.Buffer
+	args    []string // more flags for `warren up`
 }
 
 func freeAddr(t *testing.T) string {
@@ -53,7 +55,7 @@ func freeAddr(t *testing.T) string {
 func (c *cluster) start() {
 	c.t.Helper()
 	c.log = &bytes.Buffer{}
-	c.up = exec.Command(c.bin, "up", "--data-dir", c.dataDir, "--listen", c.addr)
+	c.up = exec.Command(c.bin, append([]string{"up", "--data-dir", c.dataDir, "--listen", c.addr}, c.args...)...)
 	c.up.Stdout, c.up.Stderr = c.log, c.log
 	if err := c.up.Start(); err != nil {
 		c.t.Fatal(err)

@@ -37,7 +37,11 @@
 //     empty argv or a missing cwd; a command that is not found exits 127
 //     (no error); a command killed by signal n exits 128+n with Signal set.
 //     When ctx ends, Exec returns an error wrapping ctx.Err() after killing
-//     the exec's processes. A background process started by an exec
+//     the exec's processes. Timeouts and cancellation of any length (over a
+//     minute too) end processes blocked in the kernel, stopped or
+//     ignoring signals, their children included, and Destroy afterwards
+//     succeeds and leaves nothing (Harness.Leftovers). A background
+//     process started by an exec
 //     outlives it, and an exec whose background child keeps its output
 //     pipe open still returns within seconds.
 //   - Files: ErrNotFound for a missing path, ErrInvalid for reading a
@@ -74,7 +78,7 @@ type Harness struct {
 
 	// Spec returns a spec for a sandbox with this id whose image has a
 	// busybox-like userland: sh, cat, echo, head, yes, sleep, mkdir, ln,
-	// wc, kill, hostname and sort on PATH. The container backend passes a
+	// wc, kill, hostname, sort and mkfifo on PATH. The container backend passes a
 	// busybox EROFS layer; the fake, which runs host commands, none.
 	// Required. The suite may change Env, Workdir and Resources.
 	Spec func(t *testing.T, id string) backend.Spec
@@ -84,6 +88,12 @@ type Harness struct {
 	// init. The suite uses it to check that timeouts and cancellation leave
 	// nothing behind. Nil skips those checks.
 	Processes func(t *testing.T, b backend.Backend, id string) int
+
+	// Leftovers lists what the backend still holds on the host for
+	// sandbox id once Destroy returned (cgroups in any hierarchy,
+	// mounts, runtime state, directories), each as a short description.
+	// The suite wants none. Nil skips those checks.
+	Leftovers func(t *testing.T, b backend.Backend, id string) []string
 }
 
 // Run runs the whole suite against the backend h.New returns.
@@ -97,10 +107,12 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Errors", s.testErrors)
 	t.Run("Exec", s.testExec)
 	t.Run("ExecKill", s.testExecKill)
+	t.Run("ExecStubborn", s.testExecStubborn)
 	t.Run("Files", s.testFiles)
 	t.Run("Hostname", s.testHostname)
 	t.Run("Limits", s.testLimits)
 	t.Run("Recover", s.testRecover)
+	t.Run("Stats", s.testStats)
 }
 
 type suite struct {

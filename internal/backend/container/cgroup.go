@@ -7,10 +7,10 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/internal/cgroup"
 )
 
 // execCgroup is where a sandbox's exec sub-cgroups go: a child of the
@@ -23,188 +23,78 @@ import (
 // Pids and memory limits stay on the container's cgroup; an exec's
 // processes count against them as before.
 type execCgroup struct {
-	v2   bool
-	base string // the container's cgroup directory in that hierarchy
+	base cgroup.Dir // the container's cgroup in that hierarchy
 }
 
 // execCgroupOf picks the hierarchy from the cgroup paths runc recorded.
 func execCgroupOf(paths map[string]string) (execCgroup, error) {
 	if p, ok := paths["freezer"]; ok {
-		return execCgroup{base: p}, nil
+		return execCgroup{base: cgroup.Dir{Path: p}}, nil
 	}
 	if p, ok := paths[""]; ok && len(paths) == 1 {
-		return execCgroup{v2: true, base: p}, nil
+		return execCgroup{base: cgroup.Dir{Path: p, V2: true}}, nil
 	}
 	return execCgroup{}, fmt.Errorf("no freezer cgroup (v1) or unified cgroup (v2) among %v", paths)
 }
 
 // runcArg is the `runc exec --cgroup` value that puts the process in sub.
 func (cg execCgroup) runcArg(sub string) string {
-	if cg.v2 {
+	if cg.base.V2 {
 		return sub
 	}
 	return "freezer:" + sub
 }
 
-func (cg execCgroup) path(sub string) string { return filepath.Join(cg.base, sub) }
+func (cg execCgroup) sub(name string) cgroup.Dir { return cg.base.Child(name) }
+
+func (cg execCgroup) path(sub string) string { return cg.sub(sub).Path }
 
 // create makes the sub-cgroup sub.
 func (cg execCgroup) create(sub string) error {
-	if err := os.Mkdir(cg.path(sub), 0o755); err != nil {
-		return fmt.Errorf("exec cgroup: %w", err)
+	if err := cg.sub(sub).Mkdir(); err != nil {
+		return fmt.Errorf("exec %w", err)
 	}
 	return nil
-}
-
-// subs lists the exec sub-cgroups that exist.
-func (cg execCgroup) subs() ([]string, error) {
-	entries, err := os.ReadDir(cg.base)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var names []string
-	for _, e := range entries {
-		if e.IsDir() && strings.HasPrefix(e.Name(), execPrefix) {
-			names = append(names, e.Name())
-		}
-	}
-	return names, nil
 }
 
 const execPrefix = "exec-"
 
 // procs lists the pids in sub. A missing cgroup has none.
-func (cg execCgroup) procs(sub string) ([]int, error) {
-	b, err := os.ReadFile(filepath.Join(cg.path(sub), "cgroup.procs"))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	var pids []int
-	for _, f := range strings.Fields(string(b)) {
-		if pid, err := strconv.Atoi(f); err == nil {
-			pids = append(pids, pid)
-		}
-	}
-	return pids, nil
-}
+func (cg execCgroup) procs(sub string) ([]int, error) { return cg.sub(sub).Procs() }
 
-// freeze stops (or with false resumes) every process in sub and waits
-// until the kernel reports it frozen.
-func (cg execCgroup) freeze(ctx context.Context, sub string, on bool) error {
-	file, value, done := "freezer.state", "THAWED", "THAWED"
-	if on {
-		value, done = "FROZEN", "FROZEN"
-	}
-	if cg.v2 {
-		file, value, done = "cgroup.freeze", "0", "frozen 0"
-		if on {
-			value, done = "1", "frozen 1"
-		}
-	}
-	dir := cg.path(sub)
-	if err := os.WriteFile(filepath.Join(dir, file), []byte(value), 0); err != nil {
-		return err
-	}
-	state := filepath.Join(dir, "freezer.state")
-	if cg.v2 {
-		state = filepath.Join(dir, "cgroup.events")
-	}
-	for d := 100 * time.Microsecond; ; d = min(2*d, 10*time.Millisecond) {
-		b, err := os.ReadFile(state)
-		if err != nil {
-			return err
-		}
-		if strings.Contains(string(b), done) {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(d):
-		}
-	}
-}
-
-// kill SIGKILLs every process in sub, including ones forked meanwhile, and
-// returns once sub is empty. v2 uses cgroup.kill (Linux >= 5.14); v1, and
-// v2 without it, freeze the cgroup so nothing can fork while its members
-// are listed and killed.
-func (cg execCgroup) kill(ctx context.Context, sub string) error {
-	if cg.v2 {
-		err := os.WriteFile(filepath.Join(cg.path(sub), "cgroup.kill"), []byte("1"), 0)
-		if err == nil || errors.Is(err, os.ErrNotExist) && !exists(cg.path(sub)) {
-			return cg.waitEmpty(ctx, sub)
-		}
-	}
-	for d := time.Millisecond; ; d = min(2*d, 20*time.Millisecond) {
-		pids, err := cg.procs(sub)
-		if err != nil || len(pids) == 0 {
-			return err
-		}
-		if err := cg.freeze(ctx, sub, true); err != nil {
-			return fmt.Errorf("freeze exec cgroup: %w", err)
-		}
-		pids, err = cg.procs(sub)
-		if err != nil {
-			return err
-		}
-		for _, pid := range pids {
-			unix.Kill(pid, unix.SIGKILL)
-		}
-		// Frozen tasks die when thawed.
-		if err := cg.freeze(ctx, sub, false); err != nil {
-			return fmt.Errorf("thaw exec cgroup: %w", err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(d):
-		}
-	}
-}
-
-// waitEmpty polls until sub has no process.
-func (cg execCgroup) waitEmpty(ctx context.Context, sub string) error {
-	for d := 100 * time.Microsecond; ; d = min(2*d, 20*time.Millisecond) {
-		pids, err := cg.procs(sub)
-		if err != nil || len(pids) == 0 {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("exec cgroup %s still has %v: %w", sub, pids, ctx.Err())
-		case <-time.After(d):
-		}
-	}
-}
+// kill SIGKILLs every process in sub, including ones forked meanwhile and
+// ones stopped, frozen or sleeping uninterruptibly, and returns once sub is
+// empty; sub is never left frozen.
+func (cg execCgroup) kill(ctx context.Context, sub string) error { return cg.sub(sub).Kill(ctx) }
 
 // evacuate moves what an exec left running in sub (daemons it started in
 // the background) into the container's own cgroup, where they live on like
 // any other process of the sandbox. The sub-cgroup is frozen meanwhile so
 // that nothing forks into it behind our back; a task moved out of a frozen
-// cgroup into a thawed one is thawed by the move.
-func (cg execCgroup) evacuate(ctx context.Context, sub string) error {
-	pids, err := cg.procs(sub)
+// cgroup into a thawed one is thawed by the move. Whatever happens, sub is
+// thawed before evacuate returns.
+func (cg execCgroup) evacuate(ctx context.Context, sub string) (err error) {
+	d := cg.sub(sub)
+	pids, err := d.Procs()
 	if err != nil || len(pids) == 0 {
 		return err
 	}
-	if err := cg.freeze(ctx, sub, true); err != nil {
-		return fmt.Errorf("freeze exec cgroup: %w", err)
+	if err := d.Freeze(ctx); err != nil {
+		return err
 	}
-	dst := filepath.Join(cg.base, "cgroup.procs")
+	defer func() {
+		if terr := d.Thaw(ctx); terr != nil {
+			err = errors.Join(err, terr)
+		}
+	}()
+	dst := filepath.Join(cg.base.Path, "cgroup.procs")
 	for {
-		pids, err := cg.procs(sub)
+		pids, err := d.Procs()
 		if err != nil {
 			return err
 		}
 		if len(pids) == 0 {
-			break
+			return nil
 		}
 		for _, pid := range pids {
 			err := os.WriteFile(dst, []byte(strconv.Itoa(pid)), 0)
@@ -216,41 +106,39 @@ func (cg execCgroup) evacuate(ctx context.Context, sub string) error {
 			return err
 		}
 	}
-	return cg.freeze(ctx, sub, false)
 }
 
 // remove deletes sub, which must be empty. A missing sub is not an error.
-// rmdir can fail with EBUSY for a moment while the last killed task
-// finishes exiting, so it retries briefly.
-func (cg execCgroup) remove(sub string) error {
-	var err error
-	for i := 0; i < 50; i++ {
-		err = unix.Rmdir(cg.path(sub))
-		if err == nil || errors.Is(err, unix.ENOENT) {
-			return nil
-		}
-		if !errors.Is(err, unix.EBUSY) {
-			break
-		}
-		time.Sleep(time.Duration(i+1) * time.Millisecond)
-	}
-	return fmt.Errorf("remove exec cgroup %s: %w", cg.path(sub), err)
-}
+func (cg execCgroup) remove(sub string) error { return cg.sub(sub).Remove() }
 
 // cleanup kills and removes every exec sub-cgroup, such as those left by an
 // agent that died during an exec.
 func (cg execCgroup) cleanup(ctx context.Context) error {
-	subs, err := cg.subs()
+	subs, err := cg.base.Children(execPrefix)
 	if err != nil {
 		return err
 	}
 	var errs []error
 	for _, sub := range subs {
-		if err := cg.kill(ctx, sub); err != nil {
+		if err := sub.Destroy(ctx); err != nil {
 			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// thawAll thaws the container's cgroups in every hierarchy that freezes
+// (its own and its exec sub-cgroups, each of which may have been left
+// frozen): a frozen task does not die of SIGKILL until thawed, so a delete
+// thaws first.
+func thawAll(ctx context.Context, paths map[string]string) error {
+	var errs []error
+	for ctrl, p := range paths {
+		if ctrl != "freezer" && ctrl != "" {
 			continue
 		}
-		if err := cg.remove(sub); err != nil {
+		d := cgroup.Dir{Path: p, V2: ctrl == ""}
+		if err := d.ThawTree(ctx); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -258,13 +146,14 @@ func (cg execCgroup) cleanup(ctx context.Context) error {
 }
 
 // removeCgroups removes a container's cgroup directories that runc left,
-// deepest first: its exec sub-cgroups are gone by now. Missing ones are
-// fine.
+// children first: its exec sub-cgroups are gone by now, but a v2 container
+// may have made cgroups of its own. Missing ones are fine.
 func removeCgroups(paths map[string]string) error {
 	var errs []error
-	for _, p := range paths {
-		if err := unix.Rmdir(p); err != nil && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", p, err))
+	for ctrl, p := range paths {
+		d := cgroup.Dir{Path: p, V2: ctrl == ""}
+		if err := d.RemoveTree(); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
@@ -273,17 +162,28 @@ func removeCgroups(paths map[string]string) error {
 // cgroupV1WithoutSwap reports a cgroup v1 memory hierarchy without swap
 // accounting, where runc cannot set memory+swap limits.
 func cgroupV1WithoutSwap() bool {
-	var st unix.Statfs_t
-	if unix.Statfs("/sys/fs/cgroup", &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+	l, err := cgroup.Host()
+	if err != nil || l.Mode == cgroup.Unified {
 		return false
 	}
-	if !exists("/sys/fs/cgroup/memory") {
+	dir, ok := l.V1Dir("memory", "/")
+	if !ok {
 		return false
 	}
-	return !exists("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes")
+	return !exists(filepath.Join(dir, "memory.memsw.limit_in_bytes"))
 }
 
 func exists(path string) bool {
 	_, err := os.Lstat(path)
 	return err == nil
+}
+
+// subs lists the names of the exec sub-cgroups that exist.
+func (cg execCgroup) subs() ([]string, error) {
+	dirs, err := cg.base.Children(execPrefix)
+	var names []string
+	for _, d := range dirs {
+		names = append(names, filepath.Base(d.Path))
+	}
+	return names, err
 }

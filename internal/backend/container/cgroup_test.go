@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/warrenhq/warren/internal/backend"
+	"github.com/warrenhq/warren/internal/cgroup"
 	"github.com/warrenhq/warren/internal/testutil"
 )
 
@@ -17,26 +19,28 @@ import (
 // the unified hierarchy of a hybrid one), cgroup v2.
 func TestExecCgroupModes(t *testing.T) {
 	testutil.RequireRoot(t)
-	modes := map[string]execCgroup{}
-	if exists("/sys/fs/cgroup/cgroup.kill") || exists("/sys/fs/cgroup/cgroup.controllers") {
-		modes["v2"] = execCgroup{v2: true, base: "/sys/fs/cgroup"}
-	} else if exists("/sys/fs/cgroup/unified/cgroup.procs") {
-		modes["v2"] = execCgroup{v2: true, base: "/sys/fs/cgroup/unified"}
+	modes := map[string]cgroup.Dir{}
+	l, err := cgroup.Host()
+	if err != nil {
+		t.Fatal(err)
 	}
-	if exists("/sys/fs/cgroup/freezer/freezer.state") || exists("/sys/fs/cgroup/freezer/cgroup.procs") {
-		modes["v1"] = execCgroup{base: "/sys/fs/cgroup/freezer"}
+	if l.Unified != "" {
+		modes["v2"] = cgroup.Dir{Path: l.Unified, V2: true}
+	}
+	if p, ok := l.V1["freezer"]; ok {
+		modes["v1"] = cgroup.Dir{Path: p}
 	}
 	if len(modes) == 0 {
 		testutil.Unavailable(t, "no cgroup hierarchy to test")
 	}
 	for name, root := range modes {
 		t.Run(name, func(t *testing.T) {
-			base := filepath.Join(root.base, "warren-test-"+randomHex(4))
-			if err := os.Mkdir(base, 0o755); err != nil {
+			base := root.Child("warren-test-" + randomHex(4))
+			if err := base.Mkdir(); err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { os.Remove(base) })
-			cg := execCgroup{v2: root.v2, base: base}
+			t.Cleanup(func() { base.Destroy(context.Background()) })
+			cg := execCgroup{base: base}
 			ctx := context.Background()
 
 			// start runs a shell that forks two sleeps once it is in sub.
@@ -108,4 +112,55 @@ func TestExecCgroupModes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDestroyFrozen: a sandbox whose exec cgroup and own cgroup were left
+// frozen (by an agent that died mid-kill, or by hand) with a process
+// blocked on a FIFO is still destroyed at once, leaving nothing behind.
+func TestDestroyFrozen(t *testing.T) {
+	h := newHarness(t)
+	h.start(h.spec("frozen-1"))
+	s := h.c.sandboxes["frozen-1"]
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.c.Exec(context.Background(), "frozen-1", backend.ExecRequest{
+			Argv: []string{"sh", "-c", "mkfifo /tmp/f; sleep 1000 & cat /tmp/f"}, Timeout: time.Hour})
+	}()
+	var sub string
+	deadline := time.Now().Add(10 * time.Second)
+	for sub == "" {
+		if subs, _ := s.cg.subs(); len(subs) == 1 {
+			if pids, _ := s.cg.procs(subs[0]); len(pids) >= 2 {
+				sub = subs[0]
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the exec never started")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ctx := context.Background()
+	if err := s.cg.sub(sub).Freeze(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.cg.base.Freeze(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	dctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	if err := h.c.Destroy(dctx, "frozen-1"); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("Destroy took %v", d)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Error("the exec did not return after Destroy")
+	}
+	h.assertGone("frozen-1")
 }

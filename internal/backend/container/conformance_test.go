@@ -25,6 +25,9 @@ func TestConformance(t *testing.T) {
 		Processes: func(t *testing.T, b backend.Backend, id string) int {
 			return execProcesses(t, b.(*Container), id)
 		},
+		Leftovers: func(t *testing.T, b backend.Backend, id string) []string {
+			return leftovers(t, b.(*Container), id)
+		},
 	})
 }
 

@@ -163,20 +163,30 @@ func mountsUnder(t testing.TB, dir string) []string {
 // assertGone checks that nothing of sandbox id is left on the host.
 func (h *harness) assertGone(id string) {
 	h.t.Helper()
-	if m := mountsUnder(h.t, h.c.dir(id)); len(m) > 0 {
-		h.t.Errorf("mounts left: %v", m)
+	for _, l := range leftovers(h.t, h.c, id) {
+		h.t.Errorf("left behind: %s", l)
 	}
-	for _, hier := range cgroupMounts(h.t) {
-		if d := filepath.Join(hier, h.cfg.CgroupParent, id); exists(d) {
-			h.t.Errorf("cgroup left: %s", d)
+}
+
+// leftovers lists what c still holds of sandbox id on the host: mounts,
+// cgroups in any hierarchy, runc state, its directory.
+func leftovers(t testing.TB, c *Container, id string) []string {
+	var left []string
+	for _, m := range mountsUnder(t, c.dir(id)) {
+		left = append(left, "mount "+m)
+	}
+	for _, hier := range cgroupMounts(t) {
+		if d := filepath.Join(hier, c.cfg.CgroupParent, id); exists(d) {
+			left = append(left, "cgroup "+d)
 		}
 	}
-	if d := filepath.Join(h.c.cfg.RuncRoot, id); exists(d) {
-		h.t.Errorf("runc state left: %s", d)
+	if d := filepath.Join(c.cfg.RuncRoot, id); exists(d) {
+		left = append(left, "runc state "+d)
 	}
-	if d := h.c.dir(id); exists(d) {
-		h.t.Errorf("sandbox directory left: %s", d)
+	if d := c.dir(id); exists(d) {
+		left = append(left, "sandbox directory "+d)
 	}
+	return left
 }
 
 func (h *harness) layerMounts() []string { return mountsUnder(h.t, h.c.cfg.Mounts.Dir()) }

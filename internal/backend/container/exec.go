@@ -120,15 +120,32 @@ func (c *Container) Exec(ctx context.Context, id string, req backend.ExecRequest
 	}
 	var res backend.ExecResult
 	var waitErr, cleanupErr error
-	// Cleanup must finish even when ctx has ended: it is what kills.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
-	defer cancel()
+	const (
+		exited = iota
+		mainGone
+		timedOut
+		cancelled
+	)
+	var why int
 	select {
 	case waitErr = <-done:
-		res.Duration = time.Since(start)
-		cleanupErr = s.cg.evacuate(cctx, name)
+		why = exited
 	case <-mainExited:
-		res.Duration = time.Since(start)
+		why = mainGone
+	case <-timeout:
+		why = timedOut
+	case <-ctx.Done():
+		why = cancelled
+	}
+	res.Duration = time.Since(start)
+	// Cleanup must finish even when ctx has ended: it is what kills. Its
+	// time starts now, however long the exec ran.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), execCleanupTimeout)
+	defer cancel()
+	switch why {
+	case exited:
+		cleanupErr = s.cg.evacuate(cctx, name)
+	case mainGone:
 		select {
 		case waitErr = <-done:
 			cleanupErr = s.cg.evacuate(cctx, name)
@@ -141,11 +158,8 @@ func (c *Container) Exec(ctx context.Context, id string, req backend.ExecRequest
 				cleanupErr = s.cg.evacuate(cctx, name)
 			}
 		}
-	case <-timeout:
-		res.TimedOut = true
-		waitErr, cleanupErr = c.killExec(cctx, s, name, cmd, done)
-		res.Duration = time.Since(start)
-	case <-ctx.Done():
+	case timedOut, cancelled:
+		res.TimedOut = why == timedOut
 		waitErr, cleanupErr = c.killExec(cctx, s, name, cmd, done)
 		res.Duration = time.Since(start)
 	}
@@ -181,6 +195,10 @@ func (c *Container) Exec(ctx context.Context, id string, req backend.ExecRequest
 	}
 	return res, nil
 }
+
+// execCleanupTimeout bounds what ending an exec may take (evacuating what
+// it left running, or killing its whole tree), counted from when it ends.
+const execCleanupTimeout = 30 * time.Second
 
 // killExec kills everything in the exec's cgroup until runc exec has
 // returned (the command may still be joining the cgroup when the timeout

@@ -381,20 +381,30 @@ func (c *Container) deleteRuntime(ctx context.Context, id string, s *sandbox) er
 	if s != nil {
 		s.stopSignal.Store(int32(unix.SIGKILL))
 	}
-	// Killing pid 1 of a pid namespace kills every process in it.
-	if err := init.signal(unix.SIGKILL); err != nil {
-		return err
-	}
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if err := init.wait(wctx); err != nil {
-		return fmt.Errorf("wait for init of %s to die: %w", id, err)
+	// Frozen tasks die only once thawed, and a pid namespace's init
+	// waits for all of them: thaw first, whatever an exec left frozen.
+	if err := thawAll(wctx, st.CgroupPaths); err != nil {
+		return err
+	}
+	// Killing pid 1 of a pid namespace kills every process in it; the
+	// exec trees are killed directly too.
+	if err := init.signal(unix.SIGKILL); err != nil {
+		return err
 	}
 	var errs []error
 	if cg, err := execCgroupOf(st.CgroupPaths); err == nil {
 		if err := cg.cleanup(wctx); err != nil {
 			errs = append(errs, err)
 		}
+		// And whatever else is left in the container's cgroup.
+		if err := cg.base.Kill(wctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := init.wait(wctx); err != nil {
+		return errors.Join(append(errs, fmt.Errorf("wait for init of %s to die: %w", id, err))...)
 	}
 	if err := c.runc(ctx, "delete", "--force", id); err != nil && exists(filepath.Join(c.cfg.RuncRoot, id)) {
 		errs = append(errs, err)

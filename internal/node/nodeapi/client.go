@@ -1,10 +1,8 @@
 package nodeapi
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -272,128 +269,100 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 	return c.doJSON(ctx, http.MethodDelete, sandboxPath(id, ""), nil, nil, nil)
 }
 
-// maxEventLine bounds one NDJSON line of an exec stream: a write of the
-// command's output, base64-encoded, plus the envelope.
-const maxEventLine = 8 << 20
-
-// Exec runs a command in a sandbox. With stdout and stderr both nil the
-// output comes back in the result; otherwise it streams to them as the
-// node sends it, and the result carries none.
-func (c *Client) Exec(ctx context.Context, id string, req api.ExecRequest, stdout, stderr io.Writer) (api.ExecResult, error) {
-	if stdout == nil && stderr == nil {
-		req.Stream = false
-		var res api.ExecResult
-		err := c.doJSON(ctx, http.MethodPost, sandboxPath(id, "/exec"), nil, req, &res)
-		return res, err
+// Forward sends r, a call on one of the node's sandboxes as REST v1
+// spells it (the node API's sandbox routes are REST v1's), to the node:
+// its method, path, query and body, and the headers that shape them, with
+// the node's secret instead of the caller's token. A 2xx answer is copied
+// to w as it streams (flushed as it comes for an NDJSON exec stream); any
+// other answer comes back as its classified error with nothing written,
+// for the caller to answer with. A failure after the answer started is a
+// *CutShort.
+func (c *Client) Forward(w http.ResponseWriter, r *http.Request) error {
+	ctx := r.Context()
+	u := c.base + r.URL.EscapedPath()
+	if r.URL.RawQuery != "" {
+		u += "?" + r.URL.RawQuery
 	}
-	req.Stream = true
-	b, err := json.Marshal(req)
-	if err != nil {
-		return api.ExecResult{}, err
+	body := io.Reader(http.NoBody)
+	if r.ContentLength != 0 {
+		// NopCloser: the transport closes what it sends, and r.Body is
+		// the server's to close.
+		body = io.NopCloser(r.Body)
 	}
-	resp, err := c.do(ctx, http.MethodPost, sandboxPath(id, "/exec"), nil, "application/json", bytes.NewReader(b))
-	if err != nil {
-		return api.ExecResult{}, err
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 0, 64<<10), maxEventLine)
-	for sc.Scan() {
-		var ev Event
-		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-			return api.ExecResult{}, c.transportErr(ctx, fmt.Errorf("exec stream: %w", err))
-		}
-		switch {
-		case ev.Result != nil:
-			return *ev.Result, nil
-		case ev.Error != nil:
-			return api.ExecResult{}, httperr.FromAPI(ev.Status, *ev.Error)
-		}
-		w := stdout
-		if ev.Stream == "stderr" {
-			w = stderr
-		}
-		if w == nil {
-			continue
-		}
-		data, err := DecodeOutput(ev.Data, ev.Encoding)
-		if err != nil {
-			return api.ExecResult{}, c.transportErr(ctx, fmt.Errorf("exec stream: %w", err))
-		}
-		w.Write(data)
-	}
-	err = sc.Err()
-	if err == nil {
-		err = io.ErrUnexpectedEOF
-	}
-	return api.ExecResult{}, c.transportErr(ctx, fmt.Errorf("exec stream ended without a result: %w", err))
-}
-
-// DecodeOutput is the inverse of api.EncodeBytes.
-func DecodeOutput(data, encoding string) ([]byte, error) {
-	switch encoding {
-	case api.EncodingUTF8:
-		return []byte(data), nil
-	case api.EncodingBase64:
-		return base64.StdEncoding.DecodeString(data)
-	}
-	return nil, fmt.Errorf("unknown output encoding %q", encoding)
-}
-
-// Stat describes a path inside a sandbox.
-func (c *Client) Stat(ctx context.Context, id, path string) (api.FileInfo, error) {
-	var fi api.FileInfo
-	err := c.doJSON(ctx, http.MethodGet, sandboxPath(id, "/stat"), url.Values{"path": {path}}, nil, &fi)
-	return fi, err
-}
-
-// WriteFile streams r into one regular file inside a sandbox.
-func (c *Client) WriteFile(ctx context.Context, id, path string, mode uint32, r io.Reader) error {
-	q := url.Values{"path": {path}, "mode": {strconv.FormatUint(uint64(mode), 8)}}
-	return c.upload(ctx, id, q, "application/octet-stream", r)
-}
-
-// WriteTar streams a tar into dir inside a sandbox.
-func (c *Client) WriteTar(ctx context.Context, id, dir string, r io.Reader) error {
-	return c.upload(ctx, id, url.Values{"path": {dir}}, tarType, r)
-}
-
-func (c *Client) upload(ctx context.Context, id string, q url.Values, ct string, r io.Reader) error {
-	// NopCloser: the transport closes the body it sends, and r is the
-	// caller's to close.
-	resp, err := c.do(ctx, http.MethodPut, sandboxPath(id, "/files"), q, ct, io.NopCloser(r))
+	out, err := http.NewRequestWithContext(ctx, r.Method, u, body)
 	if err != nil {
 		return err
 	}
-	resp.Body.Close()
-	return nil
-}
-
-// ReadFile streams one regular file out of a sandbox into w.
-func (c *Client) ReadFile(ctx context.Context, id, path string, w io.Writer) error {
-	return c.download(ctx, id, url.Values{"path": {path}, "format": {"file"}}, w)
-}
-
-// ReadTar streams a tar of a path inside a sandbox into w.
-func (c *Client) ReadTar(ctx context.Context, id, path string, w io.Writer) error {
-	return c.download(ctx, id, url.Values{"path": {path}, "format": {"tar"}}, w)
-}
-
-func (c *Client) download(ctx context.Context, id string, q url.Values, w io.Writer) error {
-	resp, err := c.do(ctx, http.MethodGet, sandboxPath(id, "/files"), q, "", nil)
+	out.ContentLength = r.ContentLength
+	for _, h := range forwardedRequestHeaders {
+		if v := r.Header.Values(h); len(v) > 0 {
+			out.Header[h] = v
+		}
+	}
+	out.Header.Set("Authorization", "Bearer "+c.token)
+	resp, err := c.hc.Do(out)
 	if err != nil {
-		return err
+		return c.transportErr(ctx, err)
 	}
 	defer resp.Body.Close()
-	if _, err := io.Copy(w, resp.Body); err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
+	if resp.StatusCode/100 != 2 {
+		if resp.StatusCode == http.StatusUnauthorized {
+			return c.refused(httperr.Read(resp))
 		}
-		// A short body: the node cut the stream after an error.
-		return fmt.Errorf("node %s: file stream cut short: %w", c.id, err)
+		return httperr.Read(resp)
 	}
-	return nil
+	h := w.Header()
+	for k, v := range resp.Header {
+		if !hopByHop[k] {
+			h[k] = v
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	flush := func() {}
+	if f, ok := w.(http.Flusher); ok && strings.HasPrefix(resp.Header.Get("Content-Type"), ndjsonType) {
+		flush = f.Flush
+	}
+	buf := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(buf)
+	for {
+		n, rerr := resp.Body.Read(*buf)
+		if n > 0 {
+			if _, werr := w.Write((*buf)[:n]); werr != nil {
+				return &CutShort{Err: werr}
+			}
+			flush()
+		}
+		if rerr == io.EOF {
+			return nil
+		}
+		if rerr != nil {
+			if ctx.Err() != nil {
+				rerr = ctx.Err()
+			}
+			return &CutShort{Err: fmt.Errorf("node %s: answer cut short: %w", c.id, rerr)}
+		}
+	}
 }
+
+// CutShort is a forwarded answer that failed after it had started: its
+// caller can only end it (an exec stream gets a last error event; any
+// other body is aborted, which its reader sees as a short body).
+type CutShort struct{ Err error }
+
+func (e *CutShort) Error() string { return e.Err.Error() }
+func (e *CutShort) Unwrap() error { return e.Err }
+
+var (
+	// forwardedRequestHeaders are what a forwarded call keeps of its
+	// caller's headers: what shapes its body and answer, never the
+	// caller's credentials.
+	forwardedRequestHeaders = []string{"Content-Type", "Accept", "Idempotency-Key"}
+	hopByHop                = map[string]bool{
+		"Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
+		"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+	}
+	copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+)
 
 // Clients keeps one Client per node over a shared transport, each
 // presenting its own node's secret (fleet.Registration), and polls them for

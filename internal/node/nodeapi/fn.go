@@ -22,8 +22,8 @@ import (
 // pool is. A node without a runner answers these paths 404.
 
 // MaxFnBatch bounds the calls of one FnCall batch, here and on the
-// apiserver.
-const MaxFnBatch = 1024
+// apiserver (api.MaxFnBatch).
+const MaxFnBatch = api.MaxFnBatch
 
 // fnBatchParallel bounds how many calls of one batch run at once on a
 // node: past its pool, more only turn into 429s.

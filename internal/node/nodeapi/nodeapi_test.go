@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/fleet"
 	"github.com/warrenhq/warren/internal/node"
@@ -90,23 +91,27 @@ func TestLifecycle(t *testing.T) {
 	}
 }
 
-func TestExec(t *testing.T) {
-	c, _, _ := serve(t, nil)
-	ctx := context.Background()
-	sb := mustCreate(t, c, api.CreateSandboxRequest{})
+// The node API's sandbox calls are REST v1's: the public Go SDK speaks to
+// a node directly (with the node's secret), as an apiserver forwards them.
+func sdk(srv *httptest.Server) *client.Client { return client.New(srv.URL, token) }
 
-	res, err := c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "echo out; echo err >&2; printf '\\377'; exit 3"}, nil, nil)
+func TestExec(t *testing.T) {
+	nc, _, srv := serve(t, nil)
+	c := sdk(srv)
+	ctx := context.Background()
+	sb := mustCreate(t, nc, api.CreateSandboxRequest{})
+
+	res, err := c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "echo out; echo err >&2; printf '\\377'; exit 3"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	stdout, _ := nodeapi.DecodeOutput(res.Stdout, res.StdoutEncoding)
-	if string(stdout) != "out\n\xff" || res.Stderr != "err\n" || res.ExitCode != 3 {
+	if res.Stdout != "out\n\xff" || res.Stderr != "err\n" || res.ExitCode != 3 {
 		t.Errorf("buffered exec: %+v", res)
 	}
 
 	// Streamed: output arrives in order, before the result.
 	var out, errb bytes.Buffer
-	res, err = c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "for i in 1 2 3; do echo $i; done; echo bad >&2; exit 5"}, &out, &errb)
+	res, err = c.ExecStream(ctx, sb.ID, api.ExecRequest{Cmd: "for i in 1 2 3; do echo $i; done; echo bad >&2; exit 5"}, &out, &errb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +123,7 @@ func TestExec(t *testing.T) {
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		_, err := c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: "echo first; sleep 2; echo second"}, pw, io.Discard)
+		_, err := c.ExecStream(ctx, sb.ID, api.ExecRequest{Cmd: "echo first; sleep 2; echo second"}, pw, io.Discard)
 		pw.CloseWithError(err)
 		done <- err
 	}()
@@ -136,31 +141,32 @@ func TestExec(t *testing.T) {
 	}
 
 	// Errors before any output keep their kind, streamed or not.
-	for _, w := range []io.Writer{nil, &out} {
-		_, err = c.Exec(ctx, "n1-aaaaaaaaaaaaaaaa", api.ExecRequest{Argv: []string{"true"}}, w, w)
-		if !errors.Is(err, errdefs.ErrNotFound) || errdefs.Code(err) != api.CodeSandboxNotFound {
-			t.Errorf("exec in a missing sandbox (writer %T): %v, want ErrNotFound", w, err)
-		}
+	missing := api.ExecRequest{Argv: []string{"true"}}
+	if _, err = c.Exec(ctx, "n1-aaaaaaaaaaaaaaaa", missing); !client.IsSandboxNotFound(err) {
+		t.Errorf("exec in a missing sandbox: %v, want sandbox_not_found", err)
 	}
-	_, err = c.Exec(ctx, sb.ID, api.ExecRequest{}, &out, &out)
-	if !errors.Is(err, errdefs.ErrInvalid) {
-		t.Errorf("exec without a command: %v, want ErrInvalid", err)
+	if _, err = c.ExecStream(ctx, "n1-aaaaaaaaaaaaaaaa", missing, &out, &out); !client.IsSandboxNotFound(err) {
+		t.Errorf("streamed exec in a missing sandbox: %v, want sandbox_not_found", err)
+	}
+	if _, err = c.ExecStream(ctx, sb.ID, api.ExecRequest{}, &out, &out); !client.IsInvalid(err) {
+		t.Errorf("exec without a command: %v, want invalid", err)
 	}
 
 	// Canceling the caller ends the command on the node.
 	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
 	start = time.Now()
-	_, err = c.Exec(cctx, sb.ID, api.ExecRequest{Cmd: "sleep 30"}, &out, &out)
+	_, err = c.ExecStream(cctx, sb.ID, api.ExecRequest{Cmd: "sleep 30"}, &out, &out)
 	if err == nil || time.Since(start) > 5*time.Second {
 		t.Errorf("canceled exec: %v after %v", err, time.Since(start))
 	}
 }
 
 func TestFiles(t *testing.T) {
-	c, _, _ := serve(t, nil)
+	nc, _, srv := serve(t, nil)
+	c := sdk(srv)
 	ctx := context.Background()
-	sb := mustCreate(t, c, api.CreateSandboxRequest{})
+	sb := mustCreate(t, nc, api.CreateSandboxRequest{})
 
 	big := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB
 	if err := c.WriteFile(ctx, sb.ID, "/data/big.bin", 0o600, bytes.NewReader(big)); err != nil {
@@ -208,13 +214,11 @@ func TestFiles(t *testing.T) {
 		t.Errorf("tar read back: %v", files)
 	}
 
-	err = c.ReadFile(ctx, sb.ID, "/nope", io.Discard)
-	if !errors.Is(err, errdefs.ErrNotFound) || errdefs.Code(err) != api.CodeFileNotFound {
-		t.Errorf("read a missing file: %v (code %q), want file_not_found", err, errdefs.Code(err))
+	if err = c.ReadFile(ctx, sb.ID, "/nope", io.Discard); !client.IsFileNotFound(err) {
+		t.Errorf("read a missing file: %v, want file_not_found", err)
 	}
-	_, err = c.Stat(ctx, sb.ID, "relative")
-	if !errors.Is(err, errdefs.ErrInvalid) {
-		t.Errorf("stat a relative path: %v, want ErrInvalid", err)
+	if _, err = c.Stat(ctx, sb.ID, "relative"); !client.IsInvalid(err) {
+		t.Errorf("stat a relative path: %v, want invalid", err)
 	}
 }
 

@@ -1,17 +1,22 @@
 // Package nodeapi is the node agent's HTTP API: what apiservers call to
 // create sandboxes on one node, inspect and delete them, run commands in
 // them, move files in and out, and poll the node's status. Server serves an
-// agent on its --listen address; Client calls one node and implements the
-// apiserver's Node interface over HTTP; Clients keeps one Client per node
-// and polls them for the fleet watcher (fleet.StatusSource).
+// agent on its --listen address; Client calls one node (creates, lists,
+// gets and deletes typed; every other call on a sandbox forwarded as it
+// came, Forward); Clients keeps one Client per node and polls them for the
+// fleet watcher (fleet.StatusSource).
 //
-// Paths mirror REST v1 (/v1/sandboxes/...), with two differences: a create
+// The calls on one sandbox (/v1/sandboxes/{id}/exec, /files, /stat,
+// /stats, ...) are REST v1's exactly, so that an apiserver forwards them
+// as they come (Client.Forward; the apiserver's one path per verb) and the
+// public SDKs speak to a node as they speak to an apiserver. Adding a verb
+// on a sandbox takes a handler here, the agent's method and the backend's,
+// and one rule line in the apiserver. A create differs from REST v1: it
 // carries the image the apiserver already resolved, so a node reads no
-// registry (it needs only the blob store), and an exec stream's error event
-// carries the error's HTTP status, so its kind survives the hop. Errors are
-// rendered and read with internal/httperr: a node's 429 node_full comes
-// back to the apiserver as errdefs.ErrExhausted with its Retry-After.
-// Bodies stream both ways; nothing is buffered whole.
+// registry (it needs only the blob store). Errors are rendered and read
+// with internal/httperr: a node's 429 node_full comes back to the
+// apiserver as errdefs.ErrExhausted with its Retry-After. Bodies stream
+// both ways; nothing is buffered whole.
 //
 // Every call but /healthz carries a bearer token that the server's
 // Authenticator accepts: the node's own secret (Secret), which its agent
@@ -26,8 +31,10 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
+	"mime"
 	"net/http"
 	"strconv"
 	"strings"
@@ -36,6 +43,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/fncall"
+	"github.com/warrenhq/warren/internal/guard"
 	"github.com/warrenhq/warren/internal/httperr"
 	"github.com/warrenhq/warren/internal/node"
 )
@@ -55,6 +63,7 @@ type Agent interface {
 	ReadFile(ctx context.Context, id, path string, w io.Writer) error
 	WriteTar(ctx context.Context, id, dir string, r io.Reader) error
 	ReadTar(ctx context.Context, id, path string, w io.Writer) error
+	Stats(ctx context.Context, id string) (api.SandboxStats, error)
 }
 
 var _ Agent = (*node.Agent)(nil)
@@ -87,12 +96,10 @@ type CreateRequest struct {
 	Image *api.Image `json:"image,omitempty"`
 }
 
-// Event is one line of an exec stream on the node API: an api.ExecEvent,
-// and for an error the HTTP status it would have had.
-type Event struct {
-	api.ExecEvent
-	Status int `json:"status,omitempty"`
-}
+// Event is one line of an exec stream: the node API's streams are REST v1's
+// (an error event carries its HTTP status, api.ExecEvent.Status), so an
+// apiserver passes them through as they come.
+type Event = api.ExecEvent
 
 const (
 	tarType    = "application/x-tar"
@@ -137,6 +144,7 @@ func (s *Server) routes() {
 	s.mux.Handle("GET /v1/sandboxes/{id}/stat", h(s.stat))
 	s.mux.Handle("GET /v1/sandboxes/{id}/files", h(s.readFiles))
 	s.mux.Handle("PUT /v1/sandboxes/{id}/files", h(s.writeFiles))
+	s.mux.Handle("GET /v1/sandboxes/{id}/stats", h(s.stats))
 	s.mux.Handle("/", h(func(w http.ResponseWriter, r *http.Request) error {
 		return errdefs.New(errdefs.ErrNotFound, api.CodeNotFound, "no node API route for %s %s", r.Method, r.URL.Path)
 	}))
@@ -237,12 +245,10 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	id := r.PathValue("id")
-	if !req.Stream {
-		res, err := s.agent.Exec(r.Context(), id, req, nil, nil)
-		if err != nil {
-			return err
-		}
-		return httperr.WriteJSON(w, http.StatusOK, res)
+	if !WantsStream(r, req) {
+		return guard.ServeExec(w, spoolDir(s.agent), func(stdout, stderr io.Writer) (api.ExecResult, error) {
+			return s.agent.Exec(r.Context(), id, req, stdout, stderr)
+		})
 	}
 	st := &stream{w: w, enc: json.NewEncoder(w)}
 	res, err := s.agent.Exec(r.Context(), id, req, st.writer("stdout"), st.writer("stderr"))
@@ -251,9 +257,32 @@ func (s *Server) exec(w http.ResponseWriter, r *http.Request) error {
 			return err // nothing sent yet: a normal error answer
 		}
 		status, e := httperr.ToAPI(err)
-		return st.send(Event{ExecEvent: api.ExecEvent{Error: &e}, Status: status})
+		return st.send(Event{Error: &e, Status: status})
 	}
-	return st.send(Event{ExecEvent: api.ExecEvent{Result: &res}})
+	return st.send(Event{Result: &res})
+}
+
+// WantsStream reports whether an exec asks for an NDJSON stream: "stream"
+// in its body, or an Accept of application/x-ndjson.
+func WantsStream(r *http.Request, req api.ExecRequest) bool {
+	if req.Stream {
+		return true
+	}
+	for _, a := range strings.Split(r.Header.Get("Accept"), ",") {
+		if mt, _, err := mime.ParseMediaType(strings.TrimSpace(a)); err == nil && mt == ndjsonType {
+			return true
+		}
+	}
+	return false
+}
+
+// spoolDir is where an agent spools buffered exec output: *node.Agent's
+// data dir, else the system's temporary directory.
+func spoolDir(a any) string {
+	if d, ok := a.(interface{ SpoolDir() string }); ok {
+		return d.SpoolDir()
+	}
+	return ""
 }
 
 // stream writes exec events as NDJSON, flushing each. Headers go out with
@@ -279,6 +308,7 @@ func (s *stream) send(ev Event) error {
 	if !s.sent {
 		s.sent = true
 		s.w.Header().Set("Content-Type", ndjsonType)
+		s.w.Header().Set("X-Content-Type-Options", "nosniff")
 		s.w.WriteHeader(http.StatusOK)
 	}
 	if s.err != nil {
@@ -299,7 +329,7 @@ func (s *stream) send(ev Event) error {
 func (s *stream) writer(name string) io.Writer {
 	return writerFunc(func(p []byte) (int, error) {
 		data, enc := api.EncodeBytes(p)
-		s.send(Event{ExecEvent: api.ExecEvent{Stream: name, Data: data, Encoding: enc}})
+		s.send(Event{Stream: name, Data: data, Encoding: enc})
 		return len(p), nil
 	})
 }
@@ -316,22 +346,35 @@ func (s *Server) stat(w http.ResponseWriter, r *http.Request) error {
 	return httperr.WriteJSON(w, http.StatusOK, fi)
 }
 
-// readFiles streams one file (?format=file, the default) or a tar of a
-// path (?format=tar). No Stat first: the apiserver did one already.
+// readFiles streams a tar of a path (?format=tar, or a directory) or one
+// regular file, with its size and mode in the headers.
 func (s *Server) readFiles(w http.ResponseWriter, r *http.Request) error {
 	id, q := r.PathValue("id"), r.URL.Query()
 	p := q.Get("path")
 	ctx := r.Context()
-	var read func(io.Writer) error
-	switch q.Get("format") {
-	case "", "file":
-		w.Header().Set("Content-Type", "application/octet-stream")
-		read = func(cw io.Writer) error { return s.agent.ReadFile(ctx, id, p, cw) }
-	case "tar":
+	format := q.Get("format")
+	switch format {
+	case "", "file", "tar":
+	default:
+		return errdefs.Invalid("format %q: want file or tar", format)
+	}
+	if format != "tar" {
+		fi, err := s.agent.Stat(ctx, id, p)
+		if err != nil {
+			return err
+		}
+		if fi.IsDir {
+			format = "tar"
+		} else {
+			w.Header().Set("Content-Type", "application/octet-stream")
+			w.Header().Set("X-Warren-File-Mode", fmt.Sprintf("%04o", fi.Mode))
+			w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
+		}
+	}
+	read := func(cw io.Writer) error { return s.agent.ReadFile(ctx, id, p, cw) }
+	if format == "tar" {
 		w.Header().Set("Content-Type", tarType)
 		read = func(cw io.Writer) error { return s.agent.ReadTar(ctx, id, p, cw) }
-	default:
-		return errdefs.Invalid("format %q: want file or tar", q.Get("format"))
 	}
 	return httperr.Stream(w, s.log.With("sandbox", id, "path", p), read)
 }
@@ -340,7 +383,7 @@ func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) error {
 	id, q := r.PathValue("id"), r.URL.Query()
 	p := q.Get("path")
 	var err error
-	if ct := r.Header.Get("Content-Type"); strings.HasPrefix(ct, tarType) {
+	if ct, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); ct == tarType {
 		err = s.agent.WriteTar(r.Context(), id, p, r.Body)
 	} else {
 		mode := uint64(0o644)
@@ -356,4 +399,12 @@ func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) error {
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
+}
+
+func (s *Server) stats(w http.ResponseWriter, r *http.Request) error {
+	st, err := s.agent.Stats(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	return httperr.WriteJSON(w, http.StatusOK, st)
 }

@@ -26,6 +26,7 @@ func runWatcher(t *testing.T, newStore func(t *testing.T) store.Store) {
 		{"LeaseExpires", testLeaseExpires},
 		{"PutMovesKeyOffLease", testPutMovesKeyOffLease},
 		{"LeaseInvalid", testLeaseInvalid},
+		{"LeaseTxn", testLeaseTxn},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

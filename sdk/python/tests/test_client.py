@@ -30,6 +30,25 @@ class ClientTest(unittest.TestCase):
         r = self.c.exec(self.sb["id"], cmd="echo hello; echo oops >&2; exit 3")
         self.assertEqual((r.stdout, r.stderr, r.exit_code, r.timed_out), (b"hello\n", b"oops\n", 3, False))
 
+    def test_exec_string_runs_in_the_shell(self):
+        # A str is a shell command, never iterated into ["e", "c", "h", "o", ...].
+        r = self.c.exec(self.sb["id"], "echo a   b; exit 2")
+        self.assertEqual((r.stdout, r.exit_code), (b"a b\n", 2))
+        chunks = []
+        r = self.c.exec_stream(self.sb["id"], "echo streamed", on_stdout=chunks.append)
+        self.assertEqual((b"".join(chunks), r.exit_code), (b"streamed\n", 0))
+
+        async def main():
+            return await AsyncClient().exec(self.sb["id"], "echo from async; exit 5")
+
+        r = asyncio.run(main())
+        self.assertEqual((r.stdout, r.exit_code), (b"from async\n", 5))
+        for bad in (b"ls -la", ["ls", 3], []):
+            with self.assertRaises((TypeError, ValueError)):
+                self.c.exec(self.sb["id"], bad)
+        with self.assertRaises(ValueError):
+            self.c.exec(self.sb["id"], "ls", cmd="ls")
+
     def test_exec_binary_and_stdin(self):
         r = self.c.exec(self.sb["id"], ["cat"], stdin=b"\xff\x00ok")
         self.assertEqual(r.stdout, b"\xff\x00ok")
@@ -65,6 +84,12 @@ class ClientTest(unittest.TestCase):
         with tarfile.open(fileobj=io.BytesIO(self.c.read_tar(sid, "/work/pkg")), mode="r") as tf:
             self.assertIn("pkg/mod.py", tf.getnames())
 
+    def test_stats(self):
+        self.c.exec(self.sb["id"], cmd="sleep 30 >/dev/null 2>&1 &")
+        st = self.c.stats(self.sb["id"])
+        self.assertGreaterEqual(st["pids"], 1)
+        self.assertEqual(set(st), {"cpu_seconds", "memory", "memory_peak", "pids"})
+
     def test_list(self):
         ids = [s["id"] for s in self.c.list_sandboxes(labels={"suite": "python"})]
         self.assertEqual(ids, [self.sb["id"]])
@@ -84,6 +109,28 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(WarrenError) as cm:
             self.c.create_sandbox("busybox", memory="lots")
         self.assertEqual(cm.exception.status, 400)
+
+    def test_placement_constraints(self):
+        sb = self.c.create_sandbox("busybox", memory="64Mi", pool="onprem", node_selector={})
+        self.c.delete_sandbox(sb["id"])
+        c = Client(create_retries=0)
+        for kw, want in (({"node_selector": {"rack": "r-nowhere"}}, "node_selector rack=r-nowhere"),
+                         ({"pool": "cloud"}, "pool cloud")):
+            with self.assertRaises(WarrenError) as cm:
+                c.create_sandbox("busybox", **kw)
+            self.assertEqual((cm.exception.status, cm.exception.code), (503, "no_matching_node"))
+            self.assertIn(want, cm.exception.message)
+            with self.assertRaises(WarrenError) as cm:
+                c.create_sandboxes(2, "busybox", all_or_none=False, **kw)
+            self.assertEqual(cm.exception.code, "no_matching_node")
+
+    def test_limits(self):
+        with self.assertRaises(WarrenError) as cm:
+            self.c.exec(self.sb["id"], ["true"], max_output="1Gi")
+        self.assertEqual((cm.exception.status, cm.exception.code), (400, "too_large"))
+        with self.assertRaises(WarrenError) as cm:
+            self.c.create_sandbox("busybox", env={"BIG": "x" * (1 << 20)})
+        self.assertEqual((cm.exception.status, cm.exception.code), (400, "too_large"))
 
     def test_gang_and_idempotency(self):
         gang = self.c.create_sandboxes(3, "busybox", memory="64Mi", labels={"suite": "python-gang"})

@@ -28,6 +28,9 @@ FnCall judges a program in a fresh container per call, once per test case:
                  cases=[("1 2\\n", "3"), ("2 2\\n", "5")], limits={"cpu_time": "2s", "memory": "256Mi"})
     [case["status"] for case in r["cases"]]   # ["OK", "WrongAnswer"]; SandboxError is never the program's
 
+Over https, ``Client(ca="/etc/warren/pki/ca.crt")`` (or WARREN_CA) trusts the
+cluster CA of `warren cert init`; a server it cannot verify raises TLSError.
+
 Refusals raise WarrenError, as the subclass of their HTTP class:
 InvalidError (400), UnauthenticatedError (401), ForbiddenError (403),
 NotFoundError (404), ConflictError (409), ExhaustedError (429),
@@ -36,7 +39,7 @@ InternalError (500), UnavailableError (503). Switch on ``e.code``
 """
 
 from .client import (AsyncClient, Client, ConflictError, ExecResult, ExhaustedError, Fn, ForbiddenError, InternalError,
-                     InvalidError, NotFoundError, UnauthenticatedError, UnavailableError, WarrenError)
+                     InvalidError, NotFoundError, TLSError, UnauthenticatedError, UnavailableError, WarrenError)
 
 __all__ = ["Client", "AsyncClient", "ExecResult", "Fn", "WarrenError", "InvalidError", "UnauthenticatedError",
-           "ForbiddenError", "NotFoundError", "ConflictError", "ExhaustedError", "InternalError", "UnavailableError"]
+           "ForbiddenError", "NotFoundError", "ConflictError", "ExhaustedError", "InternalError", "UnavailableError", "TLSError"]

@@ -7,6 +7,7 @@ import base64
 import functools
 import json
 import os
+import ssl
 import time
 import urllib.error
 import urllib.parse
@@ -82,7 +83,8 @@ _CODE_STATUS = {
     "forbidden": 403,
     **dict.fromkeys(("conflict", "layer_exists", "env_exists", "layer_in_use", "project_exists",
                      "project_has_children", "project_in_use", "too_many_projects", "quota_exceeds_parent",
-                     "quota_below_children", "idempotency_key_reused", "idempotency_claim_lost"), 409),
+                     "quota_below_children", "idempotency_key_reused", "idempotency_claim_lost", "sandbox_not_running",
+                     "sandbox_gone"), 409),
     **dict.fromkeys(("resource_exhausted", "node_full", "quota_exceeded", "rate_limited"), 429),
     "internal": 500,
     **dict.fromkeys(("unavailable", "backend_unavailable", "sandbox_lost", "node_unreachable"), 503),
@@ -128,6 +130,25 @@ class ExecResult:
         )
 
 
+class TLSError(WarrenError):
+    """The TLS handshake refused the server: its certificate is not signed
+    by a CA this client trusts (give ca= or WARREN_CA), or is not valid for
+    the name dialed. Nothing reached the server. ``code`` is
+    ``tls_untrusted``, ``tls_wrong_name`` or ``tls_failed``."""
+
+
+def _tls_error(addr: str, err: ssl.SSLError) -> TLSError:
+    msg = getattr(err, "verify_message", "") or str(err)
+    if isinstance(err, ssl.SSLCertVerificationError) and getattr(err, "verify_code", 0) == 62:
+        code, hint = "tls_wrong_name", "the server's certificate is not valid for the name dialed"
+    elif isinstance(err, ssl.SSLCertVerificationError):
+        code, hint = "tls_untrusted", ("the server's certificate is not signed by a CA this client trusts: "
+                                       "give the cluster's CA (Client(ca=...) or WARREN_CA)")
+    else:
+        code, hint = "tls_failed", "TLS handshake failed"
+    return TLSError(0, code, "TLS to %s: %s: %s" % (addr, hint, msg))
+
+
 def _decode(data: str, encoding: str) -> bytes:
     return base64.b64decode(data) if encoding == "base64" else data.encode()
 
@@ -148,11 +169,19 @@ class Client:
     """A synchronous client. Safe to share between threads."""
 
     def __init__(self, addr: Optional[str] = None, token: Optional[str] = None, timeout: float = 600.0,
-                 create_retries: int = 3):
+                 create_retries: int = 3, ca: Optional[str] = None):
+        """addr defaults to WARREN_ADDR, token to WARREN_TOKEN (or the local
+        admin-token file); ca is the CA file (PEM) that signed an https
+        server's certificate (default WARREN_CA; none: the system's roots)."""
         addr = addr or os.environ.get("WARREN_ADDR") or DEFAULT_ADDR
         if "://" not in addr:
             addr = "http://" + addr
         self.addr = addr.rstrip("/")
+        self.ca = ca if ca is not None else os.environ.get("WARREN_CA", "")
+        self._ssl = None
+        if self.addr.startswith("https://"):
+            self._ssl = ssl.create_default_context(cafile=self.ca or None)
+            self._ssl.minimum_version = ssl.TLSVersion.TLSv1_2
         self.token = token if token is not None else _default_token()
         self.timeout = timeout
         self.create_retries = create_retries
@@ -175,9 +204,13 @@ class Client:
         if data is not None:
             req.add_header("Content-Type", content_type)
         try:
-            return urllib.request.urlopen(req, timeout=self.timeout)
+            return urllib.request.urlopen(req, timeout=self.timeout, context=self._ssl)
         except urllib.error.HTTPError as e:
             raise _error_from(e) from None
+        except urllib.error.URLError as e:
+            if isinstance(e.reason, ssl.SSLError):
+                raise _tls_error(self.addr, e.reason) from None
+            raise
 
     def _json(self, method: str, path: str, **kw) -> Any:
         with self._request(method, path, **kw) as resp:
@@ -188,14 +221,16 @@ class Client:
 
     @staticmethod
     def _create_body(image: str, backend: str, cpu: float, memory: Any, pids: int, ttl: Any, idle_timeout: Any,
-                     labels: Optional[Dict[str, str]], env: Optional[Dict[str, str]], extra: Dict[str, Any]):
+                     labels: Optional[Dict[str, str]], env: Optional[Dict[str, str]], extra: Dict[str, Any],
+                     node_selector: Optional[Dict[str, str]] = None, pool: str = ""):
         body: Dict[str, Any] = {"image": image}
         if backend:
             body["backend"] = backend
         res = {k: v for k, v in (("cpu", cpu), ("memory", memory), ("pids", pids)) if v}
         if res:
             body["resources"] = res
-        for k, v in (("ttl", ttl), ("idle_timeout", idle_timeout), ("labels", labels), ("env", env)):
+        for k, v in (("ttl", ttl), ("idle_timeout", idle_timeout), ("labels", labels), ("env", env),
+                     ("node_selector", node_selector), ("pool", pool)):
             if v:
                 body[k] = v
         body.update(extra)
@@ -213,13 +248,18 @@ class Client:
 
     def create_sandbox(self, image: str, *, backend: str = "", cpu: float = 0, memory: Any = 0, pids: int = 0,
                        ttl: Any = None, idle_timeout: Any = None, labels: Optional[Dict[str, str]] = None,
-                       env: Optional[Dict[str, str]] = None, **extra: Any) -> Dict[str, Any]:
+                       env: Optional[Dict[str, str]] = None, node_selector: Optional[Dict[str, str]] = None,
+                       pool: str = "", **extra: Any) -> Dict[str, Any]:
         """Create and start a sandbox. Retries 429/503 refusals after their Retry-After.
 
+        node_selector={"rack": "r1"} places it only on nodes with every one of
+        those labels (warren agent --label), pool="cloud" only in that node
+        pool; when no node matches, the answer is 503 no_matching_node.
         extra goes into the request as is: project="research/rl-math",
         idempotency_key="rollout-17" (replays return the same sandbox), layers=[...].
         """
-        body = self._create_body(image, backend, cpu, memory, pids, ttl, idle_timeout, labels, env, extra)
+        body = self._create_body(image, backend, cpu, memory, pids, ttl, idle_timeout, labels, env, extra,
+                                 node_selector, pool)
         return self._retrying("/v1/sandboxes", body)
 
     def create_sandboxes(self, count: int, image: str, *, all_or_none: bool = True, **template: Any) -> Dict[str, Any]:
@@ -230,7 +270,8 @@ class Client:
         the created members under "sandboxes" and the failures under "errors".
         """
         kw = {k: template.pop(k, d) for k, d in (("backend", ""), ("cpu", 0), ("memory", 0), ("pids", 0),
-                                                ("ttl", None), ("idle_timeout", None), ("labels", None), ("env", None))}
+                                                ("ttl", None), ("idle_timeout", None), ("labels", None), ("env", None),
+                                                ("node_selector", None), ("pool", ""))}
         body = {"count": count, "template": self._create_body(image, extra=template, **kw), "all_or_none": all_or_none}
         if all_or_none:
             return self._retrying("/v1/sandboxes:batch", body)
@@ -261,7 +302,19 @@ class Client:
     def _exec_body(argv, cmd, env, cwd, user, stdin, timeout, max_output) -> Dict[str, Any]:
         if (argv is None) == (cmd is None):
             raise ValueError("give exactly one of argv and cmd")
-        body: Dict[str, Any] = {"argv": list(argv)} if argv is not None else {"cmd": cmd}
+        if isinstance(argv, str):
+            # exec(sid, "ls -la") means the shell command, never the argv
+            # ["l", "s", " ", ...] that iterating the string would make.
+            argv, cmd = None, argv
+        if cmd is not None and not isinstance(cmd, str):
+            raise TypeError("cmd must be a str (a shell command), not %s" % type(cmd).__name__)
+        if argv is not None:
+            if isinstance(argv, (bytes, bytearray)) or not all(isinstance(a, str) for a in argv):
+                raise TypeError("argv must be a list of str (or a str, run by the shell)")
+            argv = list(argv)
+            if not argv:
+                raise ValueError("argv is empty")
+        body: Dict[str, Any] = {"argv": argv} if argv is not None else {"cmd": cmd}
         for k, v in (("env", env), ("cwd", cwd), ("user", user), ("timeout", timeout), ("max_output", max_output)):
             if v:
                 body[k] = v
@@ -273,14 +326,17 @@ class Client:
                 body["stdin"], body["stdin_encoding"] = base64.b64encode(raw).decode(), "base64"
         return body
 
-    def exec(self, sid: str, argv: Optional[List[str]] = None, *, cmd: Optional[str] = None,
+    def exec(self, sid: str, argv: Union[List[str], str, None] = None, *, cmd: Optional[str] = None,
              env: Optional[Dict[str, str]] = None, cwd: str = "", user: str = "", stdin: Any = None,
              timeout: Any = None, max_output: Any = None) -> ExecResult:
-        """Run a command and wait for it: stdout and stderr come back as bytes."""
+        """Run a command and wait for it: stdout and stderr come back as bytes.
+
+        argv is a list of str, run as is; a str is a shell command (as cmd=).
+        """
         body = self._exec_body(argv, cmd, env, cwd, user, stdin, timeout, max_output)
         return ExecResult.from_json(self._json("POST", f"/v1/sandboxes/{sid}/exec", body=body))
 
-    def exec_stream(self, sid: str, argv: Optional[List[str]] = None, *, cmd: Optional[str] = None,
+    def exec_stream(self, sid: str, argv: Union[List[str], str, None] = None, *, cmd: Optional[str] = None,
                     on_stdout: Optional[Callable[[bytes], None]] = None,
                     on_stderr: Optional[Callable[[bytes], None]] = None, **kw: Any) -> ExecResult:
         """Run a command, calling on_stdout/on_stderr with each chunk as it arrives."""
@@ -292,7 +348,7 @@ class Client:
             for ev in _ndjson(resp):
                 if "error" in ev:
                     e = ev["error"]
-                    raise _error(0, e.get("code", ""), e.get("message", ""))
+                    raise _error(ev.get("status", 0), e.get("code", ""), e.get("message", ""))
                 if "result" in ev:
                     return ExecResult.from_json(ev["result"], bytes(out), bytes(err))
                 data = _decode(ev.get("data", ""), ev.get("encoding", ""))
@@ -329,6 +385,10 @@ class Client:
 
     def stat(self, sid: str, path: str) -> Dict[str, Any]:
         return self._json("GET", f"/v1/sandboxes/{sid}/stat", query={"path": path})
+
+    def stats(self, sid: str) -> Dict[str, Any]:
+        """A running sandbox's resource use now: cpu_seconds, memory, memory_peak (bytes), pids."""
+        return self._json("GET", f"/v1/sandboxes/{sid}/stats")
 
     # -- images, nodes ----------------------------------------------------
 
