@@ -236,6 +236,12 @@ func TestStatuses(t *testing.T) {
 			if tc.wall > 0 {
 				req.Limits.WallTime = api.Duration(tc.wall)
 			}
+			if tc.status == api.FnMemoryLimit || tc.name == "fork bomb" {
+				// Under TCG the balloon and the bomb are slow enough to
+				// reach the CPU limit first (WARREN_TEST_TIME_SCALE; 1
+				// elsewhere).
+				req.Limits.CPUTime = api.Duration(testutil.Scale(time.Duration(lim.CPUTime)))
+			}
 			c := one(t, run(t, s, req))
 			if tc.status != "" && c.Status != tc.status {
 				t.Fatalf("status %s (%s), want %s; %+v", c.Status, c.Message, tc.status, c)

@@ -7,8 +7,10 @@ package testutil
 import (
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // Strict reports whether missing host features must fail tests.
@@ -67,4 +69,30 @@ func RequireContainers(t testing.TB) {
 	RequireBinary(t, "runc", "mkfs.erofs", "catatonit")
 	RequireKernelFeature(t, "overlay")
 	RequireKernelFeature(t, "erofs")
+}
+
+// RequireQEMU needs qemu-system-x86_64 (Debian's qemu-system-x86;
+// scripts/test-cgroup-v2 installs it). No /dev/kvm is needed: QEMU falls
+// back to TCG.
+func RequireQEMU(t testing.TB) {
+	t.Helper()
+	RequireBinary(t, "qemu-system-x86_64")
+}
+
+// TimeScaleEnv names how many times slower than a real host this one
+// runs: scripts/test-cgroup-v2 sets it for tests inside a QEMU guest under
+// TCG, where a memory cgroup's OOM kill takes minutes (the sandbox's own
+// file pages are evicted and refaulted through emulated I/O before the
+// kernel gives up), on cgroup v1 and v2 alike.
+const TimeScaleEnv = "WARREN_TEST_TIME_SCALE"
+
+// Scale stretches a timeout by WARREN_TEST_TIME_SCALE (default 1, and
+// never below 1). Use it for bounds that wait on the kernel, not for
+// bounds a test asserts as behaviour.
+func Scale(d time.Duration) time.Duration {
+	f, err := strconv.ParseFloat(os.Getenv(TimeScaleEnv), 64)
+	if err != nil || f < 1 {
+		return d
+	}
+	return time.Duration(float64(d) * f)
 }

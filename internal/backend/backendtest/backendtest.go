@@ -60,6 +60,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/internal/backend"
+	"github.com/warrenhq/warren/internal/testutil"
 )
 
 // Harness adapts one backend to the suite.
@@ -128,7 +129,7 @@ const (
 
 // ctx is a context for one case, ended with it.
 func ctx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(t.Context(), callTimeout)
+	c, cancel := context.WithTimeout(t.Context(), testutil.Scale(callTimeout))
 	t.Cleanup(cancel)
 	return c
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/testutil"
 )
 
 func (s *suite) testHostname(t *testing.T) {
@@ -30,7 +31,7 @@ func (s *suite) testLimits(t *testing.T) {
 		id := s.running(t, func(sp *backend.Spec) { sp.Resources.Memory = 64 << 20 })
 		// sort holds its whole input, one 256 MiB line, in memory.
 		out := s.sh(t, id, "head -c 268435456 /dev/zero | sort >/dev/null; echo exit=$?", func(r *backend.ExecRequest) {
-			r.Timeout = time.Minute
+			r.Timeout = testutil.Scale(time.Minute) // under TCG the OOM kill takes minutes
 		})
 		t.Logf("balloon: %s", trim(out.stdout))
 		if out.TimedOut || trim(out.stdout) == "exit=0" {
