@@ -207,3 +207,44 @@ func portOf(addr string) string {
 	_, p, _ := strings.Cut(addr, ":")
 	return p
 }
+
+// warren up given a certificate serves its API over TLS only: the CLI with
+// the cluster CA creates, runs and removes a sandbox through it; without
+// the CA it is refused with a TLS error, never served in clear.
+func TestUpTLS(t *testing.T) {
+	testutil.RequireContainers(t)
+	testutil.RequireBinary(t, "go")
+	bin := warrenBin(t)
+	pkiDir := t.TempDir()
+	for _, args := range [][]string{{"cert", "init", pkiDir}, {"cert", "issue", pkiDir, "127.0.0.1"}} {
+		if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil {
+			t.Fatalf("warren %v: %v\n%s", args, err, out)
+		}
+	}
+	addr := freeAddr(t)
+	c := &cluster{t: t, bin: bin, dataDir: t.TempDir(), addr: addr,
+		args: []string{"--no-fn", "--stop-sandboxes",
+			"--tls-cert", filepath.Join(pkiDir, "127.0.0.1.crt"), "--tls-key", filepath.Join(pkiDir, "127.0.0.1.key")},
+		env: []string{"WARREN_ADDR=https://" + addr, "WARREN_CA=" + filepath.Join(pkiDir, "ca.crt")}}
+	c.start()
+	t.Cleanup(func() {
+		c.stop()
+		if t.Failed() {
+			t.Logf("warren up log:\n%s", c.log)
+		}
+	})
+	id := strings.TrimSpace(c.mustRun("sandbox", "create", "--image", "busybox"))
+	if out := c.mustRun("exec", id, "--sh", "echo over tls"); out != "over tls\n" {
+		t.Errorf("exec over TLS: %q", out)
+	}
+	c.mustRun("sandbox", "rm", id)
+
+	c.env = []string{"WARREN_ADDR=https://" + addr, "WARREN_CA="}
+	if _, stderr, code := c.run("node", "ls"); code == 0 || !strings.Contains(strings.ToLower(stderr), "certificate") {
+		t.Errorf("a client without the CA: exit %d, %q; want a refusal naming the certificate", code, stderr)
+	}
+	c.env = []string{"WARREN_ADDR=http://" + addr}
+	if _, _, code := c.run("node", "ls"); code == 0 {
+		t.Errorf("plain HTTP to warren up over TLS was served")
+	}
+}

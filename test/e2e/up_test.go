@@ -40,6 +40,7 @@ type cluster struct {
 	up      *exec.Cmd
 	log     *bytes.Buffer
 	args    []string // more flags for `warren up`
+	env     []string // more environment for CLI verbs (later entries win)
 }
 
 func freeAddr(t *testing.T) string {
@@ -94,7 +95,7 @@ func (c *cluster) stop() {
 func (c *cluster) run(args ...string) (stdout, stderr string, code int) {
 	var out, errb bytes.Buffer
 	cmd := exec.Command(c.bin, args...)
-	cmd.Env = append(os.Environ(), "WARREN_ADDR="+c.addr, "WARREN_DATA_DIR="+c.dataDir, "WARREN_TOKEN=")
+	cmd.Env = append(append(os.Environ(), "WARREN_ADDR="+c.addr, "WARREN_DATA_DIR="+c.dataDir, "WARREN_TOKEN="), c.env...)
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
 	code = 0
