@@ -48,15 +48,7 @@ func TestUpExecMemoryFlat(t *testing.T) {
 	testutil.RequireBinary(t, "go")
 	c := &cluster{t: t, bin: warrenBin(t), dataDir: t.TempDir(), addr: freeAddr(t)}
 	c.start()
-	t.Cleanup(func() {
-		if ids, _, code := c.run("sandbox", "ls", "-o", "id"); code == 0 && strings.TrimSpace(ids) != "" {
-			c.run(append([]string{"sandbox", "rm"}, strings.Fields(ids)...)...)
-		}
-		c.stop()
-		if t.Failed() {
-			t.Logf("warren up log:\n%s", c.log)
-		}
-	})
+	t.Cleanup(c.cleanupSandboxes)
 	tok, err := os.ReadFile(filepath.Join(c.dataDir, "admin-token"))
 	if err != nil {
 		t.Fatal(err)

@@ -8,40 +8,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/testutil"
 )
-
-// startWith is cluster.start with more `warren up` flags.
-func (c *cluster) startWith(extra ...string) {
-	c.t.Helper()
-	c.log = &bytes.Buffer{}
-	c.up = exec.Command(c.bin, append([]string{"up", "--data-dir", c.dataDir, "--listen", c.addr}, extra...)...)
-	c.up.Stdout, c.up.Stderr = c.log, c.log
-	if err := c.up.Start(); err != nil {
-		c.t.Fatal(err)
-	}
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		if _, _, code := c.run("node", "ls"); code == 0 {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	c.t.Fatalf("warren up did not come up:\n%s", c.log)
-}
-
-func (c *cluster) cleanupSandboxes() {
-	if ids, _, code := c.run("sandbox", "ls", "-o", "id"); code == 0 && strings.TrimSpace(ids) != "" {
-		c.run(append([]string{"sandbox", "rm"}, strings.Fields(ids)...)...)
-	}
-	c.stop()
-	if c.t.Failed() {
-		c.t.Logf("warren up log:\n%s", c.log)
-	}
-}
 
 // ddInside writes up to 200 MiB to path in sandbox id and returns the
 // size written and dd's output.

@@ -52,11 +52,15 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-// start runs `warren up` and waits until it answers.
-func (c *cluster) start() {
+// start runs `warren up` with c.args and waits until it answers.
+func (c *cluster) start() { c.startWith() }
+
+// startWith is start with more `warren up` flags.
+func (c *cluster) startWith(extra ...string) {
 	c.t.Helper()
 	c.log = &bytes.Buffer{}
-	c.up = exec.Command(c.bin, append([]string{"up", "--data-dir", c.dataDir, "--listen", c.addr}, c.args...)...)
+	args := append([]string{"up", "--data-dir", c.dataDir, "--listen", c.addr}, c.args...)
+	c.up = exec.Command(c.bin, append(args, extra...)...)
 	c.up.Stdout, c.up.Stderr = c.log, c.log
 	if err := c.up.Start(); err != nil {
 		c.t.Fatal(err)
@@ -69,6 +73,18 @@ func (c *cluster) start() {
 		time.Sleep(100 * time.Millisecond)
 	}
 	c.t.Fatalf("warren up did not come up:\n%s", c.log)
+}
+
+// cleanupSandboxes leaves nothing running, whatever a test did: it removes
+// every sandbox, stops warren up and logs its output if the test failed.
+func (c *cluster) cleanupSandboxes() {
+	if ids, _, code := c.run("sandbox", "ls", "-o", "id"); code == 0 && strings.TrimSpace(ids) != "" {
+		c.run(append([]string{"sandbox", "rm"}, strings.Fields(ids)...)...)
+	}
+	c.stop()
+	if c.t.Failed() {
+		c.t.Logf("warren up log:\n%s", c.log)
+	}
 }
 
 // kill9 kills `warren up` the hard way: no cleanup runs.
@@ -121,16 +137,7 @@ func TestUpEndToEnd(t *testing.T) {
 	testutil.RequireBinary(t, "go")
 	c := &cluster{t: t, bin: warrenBin(t), dataDir: t.TempDir(), addr: freeAddr(t)}
 	c.start()
-	t.Cleanup(func() {
-		// Leave nothing running, whatever happened above.
-		if ids, _, code := c.run("sandbox", "ls", "-o", "id"); code == 0 && strings.TrimSpace(ids) != "" {
-			c.run(append([]string{"sandbox", "rm"}, strings.Fields(ids)...)...)
-		}
-		c.stop()
-		if t.Failed() {
-			t.Logf("warren up log:\n%s", c.log)
-		}
-	})
+	t.Cleanup(c.cleanupSandboxes)
 
 	// create -o json
 	var sb api.Sandbox
