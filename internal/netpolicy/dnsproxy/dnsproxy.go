@@ -178,8 +178,7 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.CacheSize > 0 {
 		p.cache = newCache(cfg.CacheSize)
 	}
-	up := &upstream{addr: cfg.Upstream, timeout: cfg.Timeout, attempts: cfg.Attempts}
-	p.exchange = up.exchange
+	p.exchange = newUpstream(cfg.Upstream, cfg.Timeout, cfg.Attempts).exchange
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	return p, nil
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -17,8 +18,14 @@ import (
 // upstream asks the node's resolver.
 type upstream struct {
 	addr     string
+	ap       netip.AddrPort // addr, if it is an IP literal: no resolving per query
 	timeout  time.Duration
 	attempts int
+}
+
+func newUpstream(addr string, timeout time.Duration, attempts int) *upstream {
+	ap, _ := netip.ParseAddrPort(addr)
+	return &upstream{addr: addr, ap: ap, timeout: timeout, attempts: attempts}
 }
 
 var errMismatch = errors.New("answer does not match the query")
@@ -54,8 +61,15 @@ func (u *upstream) exchange(ctx context.Context, q *dns.Msg) (*dns.Msg, error) {
 func (u *upstream) ask(ctx context.Context, network string, q *dns.Msg) (*dns.Msg, error) {
 	ctx, cancel := context.WithTimeout(ctx, u.timeout)
 	defer cancel()
-	var d net.Dialer
-	c, err := d.DialContext(ctx, network, u.addr)
+	var c net.Conn
+	var err error
+	if network == "udp" && u.ap.IsValid() {
+		// A new socket, so a new random source port, for every query.
+		c, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(u.ap))
+	} else {
+		var d net.Dialer
+		c, err = d.DialContext(ctx, network, u.addr)
+	}
 	if err != nil {
 		return nil, err
 	}
