@@ -57,10 +57,17 @@
 // most MaxCacheTTL); a cached answer is learned again for every sandbox
 // that gets it, with the TTL it has left.
 //
+// Every upstream query goes out on a new UDP socket (a random source
+// port) with a random ID, and an answer counts only if it comes back on
+// that socket with that ID and question.
+//
 // What it cannot see: what a sandbox does with an address it learned, on
 // ports the policy allows (the firewall and the Host/SNI proxy check
 // that); and names under an allowed wildcard, which reach that domain's
-// nameservers like any lookup.
+// nameservers like any lookup. The cache is the node's, shared by its
+// sandboxes (thousands of them resolving the same package index is what
+// it is for), so a sandbox could tell from an answer's speed or TTL that
+// another resolved the same allowed name lately.
 package dnsproxy
 
 import (

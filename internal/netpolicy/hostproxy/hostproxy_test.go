@@ -702,3 +702,47 @@ func TestNotRedirected(t *testing.T) {
 		t.Errorf("a connection to the proxy itself: %q, denied %d", got, e.denied())
 	}
 }
+
+func TestTLSHalfClose(t *testing.T) {
+	e := newEnv(t, Config{})
+	srv := httptest.NewUnstartedServer(nil)
+	srv.StartTLS() // for its certificate
+	cfg := srv.TLS.Clone()
+	srv.Close()
+	ln, err := tls.Listen("tcp4", "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		h := sha256.New()
+		n, _ := io.Copy(h, c) // to the client's end of input
+		fmt.Fprintf(c, "%d %x", n, h.Sum(nil))
+	}()
+	dst := netip.AddrPortFrom(cdnAddr, 443)
+	e.route(dst, ln.Addr().String())
+	e.to(dst)
+	raw, err := net.Dial("tcp4", e.tlsAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	tc := tls.Client(raw, &tls.Config{ServerName: "allowed.example", InsecureSkipVerify: true})
+	if _, err := io.CopyN(tc, &pattern{}, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	tc.CloseWrite()                 // close_notify
+	raw.(*net.TCPConn).CloseWrite() // and the FIN, which the proxy passes on
+	tc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b, err := io.ReadAll(tc)
+	h := sha256.New()
+	io.CopyN(h, &pattern{}, 1<<20)
+	if want := fmt.Sprintf("%d %x", 1<<20, h.Sum(nil)); string(b) != want {
+		t.Errorf("after a half-close: %q, %v; want %q", b, err, want)
+	}
+}
