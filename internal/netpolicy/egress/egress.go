@@ -429,3 +429,5 @@ func (m *Manager) Sweep() error {
 	}
 	return errors.Join(errs...)
 }
+// DNS is the nameserver sandboxes are given: the gateway.
+func (m *Manager) DNS() string { return Gateway.String() }
