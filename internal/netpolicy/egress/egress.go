@@ -431,3 +431,7 @@ func (m *Manager) Sweep() error {
 }
 // DNS is the nameserver sandboxes are given: the gateway.
 func (m *Manager) DNS() string { return Gateway.String() }
+
+// Config is the manager's configuration, defaults filled in: a later
+// process of the agent starts its network again from it.
+func (m *Manager) Config() Config { return m.cfg }
