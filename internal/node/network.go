@@ -108,7 +108,7 @@ func policyOf(v api.Sandbox) *netpolicy.Policy {
 // interface, to none it loses it, between networked policies the rules
 // change in one transaction. The answer is the policy now in force.
 func (a *Agent) UpdateNetwork(ctx context.Context, id string, u api.NetworkUpdate) (api.SandboxNetwork, error) {
-	b, s, done, err := call[backend.NetNSer](a, id, "network")
+	b, s, done, err := call[backend.Backend](a, id, "network")
 	if err != nil {
 		return api.SandboxNetwork{}, err
 	}
@@ -132,7 +132,12 @@ func (a *Agent) UpdateNetwork(ctx context.Context, id string, u api.NetworkUpdat
 		err = a.cfg.Network.Update(id, next)
 		view = &api.SandboxNetwork{NetworkPolicy: next.API(), Address: s.snapshot().Network.Address}
 	default:
-		view, err = a.attach(ctx, b, id, next, netip.Addr{})
+		nb, ok := b.(backend.NetNSer)
+		if !ok {
+			err = errdefs.New(errdefs.ErrInvalid, api.CodeNotSupported, "backend %s gives sandboxes no network", b.Name())
+			break
+		}
+		view, err = a.attach(ctx, nb, id, next, netip.Addr{})
 	}
 	if err != nil {
 		return api.SandboxNetwork{}, done(err)
