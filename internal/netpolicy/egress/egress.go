@@ -57,6 +57,9 @@ type Config struct {
 	Fence netpolicy.Fence
 	// LockDir holds the host-wide locks. Default /run/warren.
 	LockDir string
+	// DoH are public DNS-over-HTTPS resolvers, refused on 443 whatever
+	// the policy; default the well-known ones.
+	DoH []netip.Addr
 	Log     *slog.Logger
 }
 
@@ -97,6 +100,9 @@ func (c *Config) defaults() error {
 		return fmt.Errorf("network pool %s: an IPv4 prefix from /16 to /24", c.Pool)
 	}
 	c.Pool = c.Pool.Masked()
+	if c.DoH == nil {
+		c.DoH = dohAddrs
+	}
 	if c.LockDir == "" {
 		c.LockDir = "/run/warren"
 	}
@@ -145,7 +151,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		Gateway:  Gateway,
 		DNSPort:  ports[0], HTTPPort: ports[1], TLSPort: ports[2],
 		Fence: &m.cfg.Fence,
-		DoH:   dohAddrs,
+		DoH:   cfg.DoH,
 	})
 	if err != nil {
 		return fail(unavailable("network: %v", err))

@@ -24,18 +24,22 @@ import (
 
 // newManager makes a Manager with a name and pool of its own, so that
 // tests in other packages (and a warren agent) on the host are left alone.
-func newManager(t *testing.T, fence netpolicy.Fence) *Manager {
+func newManager(t *testing.T, fence netpolicy.Fence, mod ...func(*Config)) *Manager {
 	t.Helper()
 	testutil.RequireRoot(t)
 	for range 20 {
 		n, _ := rand.Int(rand.Reader, big.NewInt(150))
 		b := make([]byte, 2)
 		rand.Read(b)
-		m, err := New(context.Background(), Config{
+		cfg := Config{
 			Name:  "t" + hex.EncodeToString(b),
 			Pool:  netip.MustParsePrefix(fmt.Sprintf("10.213.%d.0/24", 100+n.Int64())),
 			Fence: fence,
-		})
+		}
+		for _, f := range mod {
+			f(&cfg)
+		}
+		m, err := New(context.Background(), cfg)
 		if err != nil && strings.Contains(err.Error(), "in use") {
 			continue
 		}
@@ -287,4 +291,90 @@ func TestFenceExempt(t *testing.T) {
 	}
 	mustReach(t, ns, private.String()+":80").Close()
 	mustNotReach(t, ns, "203.0.113.12:80")
+}
+
+// dialUDP sends a datagram from inside ns to addr and waits for an echo.
+func udpEcho(ns *os.File, addr string) error {
+	return testutil.InNetNS(ns, func() error {
+		c, err := net.Dial("udp4", addr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := c.Write([]byte("ping")); err != nil {
+			return err
+		}
+		buf := make([]byte, 16)
+		_, err = c.Read(buf)
+		return err
+	})
+}
+
+func udpEchoServer(pc net.PacketConn) {
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			pc.WriteTo(buf[:n], from)
+		}
+	}()
+}
+
+// TestEgressResolversAndLearned: DNS, DoT and DoH go nowhere but the
+// node's proxy whatever the policy; addresses an allowed name resolved to
+// are reachable on every port but QUIC (which the Host/SNI proxy cannot
+// check).
+func TestEgressResolversAndLearned(t *testing.T) {
+	m := newManager(t, netpolicy.Fence{}, func(c *Config) { c.DoH = []netip.Addr{netip.MustParseAddr("203.0.113.20")} })
+	fi := testutil.NewFakeInternet(t)
+	udpEchoServer(fi.ListenPacket("203.0.113.53:53"))
+	echo(fi.Listen("203.0.113.53:53"))
+	echo(fi.Listen("203.0.113.53:853"))
+	echo(fi.Listen("203.0.113.20:443"))
+	echo(fi.Listen("203.0.113.20:80"))
+	udpEchoServer(fi.ListenPacket("203.0.113.30:443"))
+	udpEchoServer(fi.ListenPacket("203.0.113.30:5000"))
+	echo(fi.Listen("203.0.113.30:22"))
+
+	ns := sandboxNS(t)
+	ctx := context.Background()
+	addr, err := m.Attach(ctx, "sbx-r", ns, policy(t, api.NetworkPolicy{Mode: "open"}), netip.Addr{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := udpEcho(ns, "203.0.113.53:53"); err == nil {
+		t.Error("DNS over UDP to another resolver answered")
+	}
+	mustNotReach(t, ns, "203.0.113.53:53")
+	mustNotReach(t, ns, "203.0.113.53:853")
+	mustNotReach(t, ns, "203.0.113.20:443")
+	mustReach(t, ns, "203.0.113.20:80").Close()
+
+	if err := m.Update("sbx-r", policy(t, api.NetworkPolicy{Allow: []string{"pypi.org"}})); err != nil {
+		t.Fatal(err)
+	}
+	mustNotReach(t, ns, "203.0.113.30:22")
+	sb := m.Lookup(addr)
+	if sb == nil {
+		t.Fatal("the sandbox is not found by its address")
+	}
+	if !sb.Learn("pypi.org", netip.MustParseAddr("203.0.113.30"), time.Minute) {
+		t.Fatal("not learned")
+	}
+	mustReach(t, ns, "203.0.113.30:22").Close()
+	if err := udpEcho(ns, "203.0.113.30:5000"); err != nil {
+		t.Errorf("UDP to a learned address: %v", err)
+	}
+	if err := udpEcho(ns, "203.0.113.30:443"); err == nil {
+		t.Error("QUIC to a learned address answered")
+	}
+	// A policy that drops the name forgets its addresses.
+	if err := m.Update("sbx-r", policy(t, api.NetworkPolicy{Allow: []string{"github.com"}})); err != nil {
+		t.Fatal(err)
+	}
+	mustNotReach(t, ns, "203.0.113.30:22")
 }
