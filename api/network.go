@@ -18,6 +18,8 @@ const (
 const (
 	MaxAllowDomains = 256
 	MaxAllowCIDRs   = 64
+	// MaxAllowEntry bounds one entry: a 253-byte name, "*.", ":65535".
+	MaxAllowEntry = 264
 )
 
 // NetworkPolicy is a sandbox's egress policy: in CreateSandboxRequest,
@@ -31,6 +33,15 @@ const (
 type NetworkPolicy struct {
 	Mode  string   `json:"mode,omitempty"`
 	Allow []string `json:"allow,omitempty"`
+}
+
+// Networked reports whether p gives a sandbox a network at all (mode
+// allowlist or open, or allow entries without a mode).
+func (p *NetworkPolicy) Networked() bool {
+	if p == nil {
+		return false
+	}
+	return p.Mode == NetworkAllowlist || p.Mode == NetworkOpen || p.Mode == "" && len(p.Allow) > 0
 }
 
 // SandboxNetwork is Sandbox.Network: the policy in force and what the

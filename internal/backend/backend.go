@@ -15,6 +15,7 @@ package backend
 import (
 	"context"
 	"io"
+	"os"
 	"time"
 )
 
@@ -45,6 +46,9 @@ type Spec struct {
 	Env       []string // KEY=VALUE, defaults for every exec
 	Workdir   string   // default cwd for exec, "/" if empty
 	Resources Resources
+	// DNS are the nameservers the sandbox's /etc/resolv.conf names (the
+	// node's DNS proxy); empty leaves the environment's file alone.
+	DNS []string `json:",omitempty"`
 }
 
 // State of a sandbox as the backend sees it.
@@ -184,6 +188,15 @@ type Stats struct {
 	Memory     int64         // bytes in use now (page cache included)
 	MemoryPeak int64         // the most ever in use; 0 if the host does not say
 	PIDs       int64         // processes and threads now
+}
+
+// NetNSer is a backend whose sandboxes each have a Linux network
+// namespace the node may enter from outside: to give the sandbox a
+// network (package egress) and to reach its ports. NetNS returns an open
+// descriptor of it, checked to be the running sandbox's (not a recycled
+// pid's); the caller closes it.
+type NetNSer interface {
+	NetNS(ctx context.Context, id string) (*os.File, error)
 }
 
 // Statser reports a sandbox's resource use.

@@ -93,11 +93,8 @@ func Parse(p api.NetworkPolicy) (*Policy, error) {
 	return pol, nil
 }
 
-// maxEntry bounds one entry: a 253-byte name, "*.", ":65535".
-const maxEntry = 264
-
 func (p *Policy) add(entry string) error {
-	if len(entry) > maxEntry {
+	if len(entry) > api.MaxAllowEntry {
 		return invalid("allow entry of %d bytes is too long", len(entry))
 	}
 	host, port, err := splitPort(entry)
