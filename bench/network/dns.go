@@ -1,6 +1,6 @@
 package main
 
-// The DNS proxy's part of bench/network: queries per second through the
+// The dns part of bench/network (runDNS): queries per second through the
 // node's DNS proxy (internal/netpolicy/dnsproxy) against the same queries
 // sent straight to its upstream, in one run on loopback.
 //
@@ -76,9 +76,16 @@ type dnsPeer struct {
 	addr        string
 }
 
-// runDNS measures the DNS proxy against its upstream and prints the
+// runDNS is the dns part: rounds rounds of dnsDefaults.
+func runDNS(rounds int) error {
+	o := dnsDefaults()
+	o.rounds = rounds
+	return runDNSWith(context.Background(), o)
+}
+
+// runDNSWith measures the DNS proxy against its upstream and prints the
 // figures.
-func runDNS(ctx context.Context, o dnsOptions) error {
+func runDNSWith(ctx context.Context, o dnsOptions) error {
 	up, err := dnsUpstream()
 	if err != nil {
 		return err
@@ -316,13 +323,22 @@ func dnsValues(ss []dnsSample, f func(dnsSample) float64) []float64 {
 	return v
 }
 
+// dnsMedian is the middle of sorted v, or the mean of the two middle
+// ones.
+func dnsMedian(v []float64) float64 {
+	if len(v)%2 == 0 {
+		return (v[len(v)/2-1] + v[len(v)/2]) / 2
+	}
+	return v[len(v)/2]
+}
+
 // dnsSpread prints "median (min-max)".
 func dnsSpread(ss []dnsSample, f func(dnsSample) float64, format string) string {
 	if len(ss) == 0 {
 		return "-"
 	}
 	v := dnsValues(ss, f)
-	return fmt.Sprintf(format+" ("+format+"-"+format+")", v[len(v)/2], v[0], v[len(v)-1])
+	return fmt.Sprintf(format+" ("+format+"-"+format+")", dnsMedian(v), v[0], v[len(v)-1])
 }
 
 // dnsPaired prints the median and spread of ss's figures over base's,
@@ -339,5 +355,5 @@ func dnsPaired(ss, base []dnsSample, f func(dnsSample) float64) string {
 	if len(r) == 1 {
 		return fmt.Sprintf("%.2fx", r[0])
 	}
-	return fmt.Sprintf("%.2fx (%.2f-%.2f)", r[len(r)/2], r[0], r[len(r)-1])
+	return fmt.Sprintf("%.2fx (%.2f-%.2f)", dnsMedian(r), r[0], r[len(r)-1])
 }

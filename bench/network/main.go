@@ -2,17 +2,20 @@
 // run, each part printing medians and spreads over rounds and the ratio
 // to its peer:
 //
-//	sudo go run ./bench/network -rounds 5                 # every part
-//	sudo go run ./bench/network -parts create,egress
+//		sudo go run ./bench/network -rounds 5                 # every part
+//		sudo go run ./bench/network -parts create,egress
 //
-//   - create: sandbox creation through `warren up` with network none,
-//     allowlist and open, against the same create with no network field
-//     (target: allowlist within 1.3x of none).
-//   - egress: TCP throughput and connection rate from a network namespace
-//     through the node's firewall (allowlist and open), against a plain
-//     veth + NAT namespace (target >= 0.9x), to a fake internet on
-//     203.0.113.0/24 in a namespace of its own (the route checked first:
-//     nothing leaves the machine).
+//	  - create: sandbox creation through `warren up` with network none,
+//	    allowlist and open, against the same create with no network field
+//	    (target: allowlist within 1.3x of none).
+//	  - egress: TCP throughput and connection rate from a network namespace
+//	    through the node's firewall (allowlist and open), against a plain
+//	    veth + NAT namespace (target >= 0.9x), to a fake internet on
+//	    203.0.113.0/24 in a namespace of its own (the route checked first:
+//	    nothing leaves the machine).
+//	  - dns: queries per second, p50, p99 and CPU per query through the
+//	    node's DNS proxy (cache on and off) against the same queries sent
+//	    straight to its upstream, a DNS server on 127.0.0.1 (dns.go).
 package main
 
 import (
@@ -26,6 +29,7 @@ import (
 
 var parts = map[string]func(rounds int) error{
 	"create": runCreate,
+	"dns":    runDNS,
 	"egress": runEgress,
 }
 
