@@ -15,6 +15,8 @@ package backend
 import (
 	"context"
 	"io"
+	"net"
+	"os"
 	"time"
 )
 
@@ -189,4 +191,22 @@ type Stats struct {
 // Statser reports a sandbox's resource use.
 type Statser interface {
 	Stats(ctx context.Context, id string) (Stats, error)
+}
+
+// PortDialer reaches TCP ports inside a sandbox from the node, whatever
+// its network policy (none included): DialPort connects to
+// 127.0.0.1:port inside the sandbox's own network (for a container, from
+// inside its network namespace; nothing inside the sandbox relays it).
+// ErrNotFound for an unknown id, ErrConflict when the sandbox is not
+// running; when nothing accepts the connection, an error wrapping
+// syscall.ECONNREFUSED.
+type PortDialer interface {
+	DialPort(ctx context.Context, id string, port int) (net.Conn, error)
+}
+
+// NetNSer gives the network namespace of a running sandbox, open, for the
+// node to configure from outside (a veth, routes). The caller closes it.
+// Errors as PortDialer's.
+type NetNSer interface {
+	NetNS(ctx context.Context, id string) (*os.File, error)
 }
