@@ -308,3 +308,24 @@ func TestPortForwardHoldsSandbox(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// Connections kept to one sandbox's port never serve another's requests.
+func TestPortsKeepSandboxesApart(t *testing.T) {
+	agent, b := nodetest.NewFake(t, nil)
+	srv := httptest.NewServer(nodeapi.NewServer(agent, nodeapi.Secret(token), quiet))
+	t.Cleanup(srv.Close)
+	c := nodeapi.NewClient(agent.ID(), srv.URL, token, nil)
+	var ids []string
+	for range 2 {
+		sb := mustCreate(t, c, api.CreateSandboxRequest{})
+		nodetest.ServePorts(t, b, sb.ID, 8000, 0)
+		ids = append(ids, sb.ID)
+	}
+	for i := range 20 {
+		id := ids[i%2]
+		resp, body := doReq(t, "GET", srv.URL+"/v1/sandboxes/"+id+"/ports/8000/", token, nil)
+		if got := resp.Header.Get("X-App-Sandbox"); resp.StatusCode != 200 || got != id {
+			t.Fatalf("request %d to %s: %d, answered by %q (%s)", i, id, resp.StatusCode, got, body)
+		}
+	}
+}

@@ -29,7 +29,7 @@ type Seen struct {
 // PortApp is a test server "inside" a fake sandbox, on ports a test
 // chooses (fake.Backend.Listen): an HTTP app and a TCP server.
 //
-// HTTP: "/status/N" answers status N; "/big?n=N" streams N bytes;
+// HTTP: every answer carries X-App-Sandbox: <id>; "/status/N" answers status N; "/big?n=N" streams N bytes;
 // POST "/sum" answers "<length> <sha256>" of its body; "/stream" sends
 // "first\n", flushes, then waits for Release before "second\n"; "/ws" is a
 // WebSocket echo; anything else answers Seen as JSON.
@@ -49,7 +49,11 @@ func ServePorts(t testing.TB, b *fake.Backend, id string, httpPort, tcpPort int)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: app.handler()}
+	h := app.handler()
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-App-Sandbox", id)
+		h.ServeHTTP(w, r)
+	})}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
 	if tcpPort != 0 {
