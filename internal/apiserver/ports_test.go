@@ -1,6 +1,7 @@
 package apiserver_test
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/internal/apiserver"
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/backend/fake"
@@ -150,5 +152,96 @@ func checkPorts(t *testing.T, h *harness, fb *fake.Backend) {
 	}
 	if c, _, resp, b := nodetest.DialTunnel(t, h.url, "/v1/sandboxes/"+sb.ID+"/portforward/9001", token); c != nil || resp.StatusCode != http.StatusBadGateway || errorCode(t, b) != api.CodePortUnreachable {
 		t.Errorf("tunnel with nothing listening: %d %s, want 502 port_unreachable", resp.StatusCode, b)
+	}
+}
+
+// The Go SDK's ports calls against the real API.
+func TestPortsGoClient(t *testing.T) {
+	agent, fb := nodetest.NewFake(t, nil)
+	srv := httptest.NewServer(apiserver.New(apiserver.Config{
+		Node: agent, Images: imagetest.Busybox, Tokens: apiserver.StaticToken(token), Log: quietLog,
+	}))
+	t.Cleanup(srv.Close)
+	c := client.New(srv.URL, token)
+	ctx := context.Background()
+	sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Image: "busybox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodetest.ServePorts(t, fb, sb.ID, 8000, 9000)
+
+	if got, want := c.PortURL(sb.ID, 8000, "a/b?x=1"), srv.URL+"/v1/sandboxes/"+sb.ID+"/ports/8000/a/b?x=1"; got != want {
+		t.Errorf("PortURL = %s, want %s", got, want)
+	}
+	resp, err := c.DoPort(ctx, "GET", sb.ID, 8000, "/status/404", nil, nil)
+	if err != nil {
+		t.Fatalf("DoPort to the app's 404: %v, want its answer", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 404 || string(b) != "status 404" {
+		t.Errorf("DoPort: %d %q", resp.StatusCode, b)
+	}
+	if _, err := c.DoPort(ctx, "GET", sb.ID, 8001, "/", nil, nil); !client.IsPortUnreachable(err) {
+		t.Errorf("DoPort with nothing listening: %v, want port_unreachable", err)
+	}
+	if _, err := c.DialPort(ctx, sb.ID, 9001); !client.IsPortUnreachable(err) {
+		t.Errorf("DialPort with nothing listening: %v, want port_unreachable", err)
+	}
+	if _, err := c.DialPort(ctx, "n1-aaaaaaaaaaaaaaaa", 9000); !client.IsSandboxNotFound(err) {
+		t.Errorf("DialPort to a missing sandbox: %v, want sandbox_not_found", err)
+	}
+
+	conn, err := c.DialPort(ctx, sb.ID, 9000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(conn, "12345")
+	conn.(interface{ CloseWrite() error }).CloseWrite()
+	all, err := io.ReadAll(conn)
+	conn.Close()
+	if want := "hello " + sb.ID + "\ngot 5\n"; err != nil || string(all) != want {
+		t.Errorf("DialPort, half-closed: %q, %v; want %q", all, err, want)
+	}
+
+	// ForwardPort: a local port per tunnel, until the sandbox is gone.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- c.ForwardPort(ctx, ln, sb.ID, 8000, func(err error) { t.Logf("tunnel: %v", err) }) }()
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	for range 3 {
+		r, err := hc.Get("http://" + ln.Addr().String() + "/some")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var seen nodetest.Seen
+		json.NewDecoder(r.Body).Decode(&seen)
+		r.Body.Close()
+		if seen.RequestURI != "/some" || r.Header.Get("X-App-Sandbox") != sb.ID {
+			t.Errorf("through ForwardPort: %+v", seen)
+		}
+	}
+	if err := c.DeleteSandbox(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	hc.Get("http://" + ln.Addr().String() + "/")
+	select {
+	case err := <-errc:
+		if !client.IsSandboxNotFound(err) {
+			t.Errorf("ForwardPort after the sandbox went: %v, want sandbox_not_found", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("ForwardPort went on after its sandbox was deleted")
+	}
+	// A canceled context ends it with no error.
+	ln2, _ := net.Listen("tcp", "127.0.0.1:0")
+	cctx, cancel := context.WithCancel(ctx)
+	go func() { errc <- c.ForwardPort(cctx, ln2, sb.ID, 8000, nil) }()
+	cancel()
+	if err := <-errc; err != nil {
+		t.Errorf("ForwardPort canceled: %v, want nil", err)
 	}
 }
