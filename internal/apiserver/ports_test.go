@@ -245,3 +245,49 @@ func TestPortsGoClient(t *testing.T) {
 		t.Errorf("ForwardPort canceled: %v, want nil", err)
 	}
 }
+
+// The Go SDK opens tunnels over TLS to an API that would speak HTTP/2.
+func TestPortsGoClientTLS(t *testing.T) {
+	agent, fb := nodetest.NewFake(t, nil)
+	srv := httptest.NewUnstartedServer(apiserver.New(apiserver.Config{
+		Node: agent, Images: imagetest.Busybox, Tokens: apiserver.StaticToken(token), Log: quietLog,
+	}))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	ctx := context.Background()
+	tc := srv.Client().Transport.(*http.Transport).TLSClientConfig
+	for name, c := range map[string]*client.Client{
+		"WithTLSConfig":  client.New(srv.URL, token, client.WithTLSConfig(tc)),
+		"WithHTTPClient": client.New(srv.URL, token, client.WithHTTPClient(srv.Client())),
+	} {
+		sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Image: "busybox"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodetest.ServePorts(t, fb, sb.ID, 8000, 9000)
+		conn, err := c.DialPort(ctx, sb.ID, 9000)
+		if err != nil {
+			t.Fatalf("%s: DialPort over TLS: %v", name, err)
+		}
+		io.WriteString(conn, "xy")
+		conn.(interface{ CloseWrite() error }).CloseWrite()
+		all, _ := io.ReadAll(conn)
+		conn.Close()
+		if want := "hello " + sb.ID + "\ngot 2\n"; string(all) != want {
+			t.Errorf("%s: tunnel over TLS: %q, want %q", name, all, want)
+		}
+		resp, err := c.DoPort(ctx, "GET", sb.ID, 8000, "/", nil, nil)
+		if err != nil {
+			t.Fatalf("%s: DoPort over TLS: %v", name, err)
+		}
+		resp.Body.Close()
+		if resp.ProtoMajor != 2 {
+			t.Logf("%s: DoPort went over %s", name, resp.Proto)
+		}
+	}
+	// Without the CA: a TLS error, not a hang.
+	if _, err := client.New(srv.URL, token).DialPort(ctx, "n1-aaaaaaaaaaaaaaaa", 80); err == nil || !strings.Contains(err.Error(), "TLS") {
+		t.Errorf("DialPort without trusting the server: %v, want a TLS error", err)
+	}
+}

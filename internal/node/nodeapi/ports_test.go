@@ -329,3 +329,46 @@ func TestPortsKeepSandboxesApart(t *testing.T) {
 		}
 	}
 }
+
+// Over TLS to a node that would speak HTTP/2, upgrades still go through:
+// they are sent on an HTTP/1.1 connection of their own.
+func TestPortsUpgradeOverTLS(t *testing.T) {
+	agent, b := nodetest.NewFake(t, nil)
+	srv := httptest.NewUnstartedServer(nodeapi.NewServer(agent, nodeapi.Secret(token), quiet))
+	srv.EnableHTTP2 = true
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	c := nodeapi.NewClient(agent.ID(), srv.URL, token, srv.Client())
+	sb := mustCreate(t, c, api.CreateSandboxRequest{})
+	nodetest.ServePorts(t, b, sb.ID, 8000, 9000)
+	fwd := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := c.Forward(w, r); err != nil {
+			httperr.Write(w, err)
+		}
+	}))
+	t.Cleanup(fwd.Close)
+
+	if resp, _ := doReq(t, "GET", fwd.URL+"/v1/sandboxes/"+sb.ID+"/ports/8000/", "x", nil); resp.StatusCode != 200 {
+		t.Errorf("HTTP over TLS: %d", resp.StatusCode)
+	}
+	ws, err := nodetest.DialWebSocket(t, fwd.URL, "/v1/sandboxes/"+sb.ID+"/ports/8000/ws", "x")
+	if err != nil {
+		t.Fatalf("websocket over TLS: %v", err)
+	}
+	ws.Write([]byte("tls"))
+	got := make([]byte, 3)
+	if _, err := io.ReadFull(ws, got); err != nil || string(got) != "tls" {
+		t.Errorf("websocket echo over TLS: %q, %v", got, err)
+	}
+	conn, br, resp, body := nodetest.DialTunnel(t, fwd.URL, "/v1/sandboxes/"+sb.ID+"/portforward/9000", "x")
+	if conn == nil {
+		t.Fatalf("tunnel over TLS: %d %s", resp.StatusCode, body)
+	}
+	io.WriteString(conn, "abc")
+	conn.(*net.TCPConn).CloseWrite() // a close_notify on the TLS hop
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	all, _ := io.ReadAll(br)
+	if want := "hello " + sb.ID + "\ngot 3\n"; string(all) != want {
+		t.Errorf("tunnel over TLS, half-closed: %q, want %q", all, want)
+	}
+}
