@@ -114,6 +114,7 @@ func newPortProxy(log *slog.Logger) *httputil.ReverseProxy {
 			pr.Out.Header.Del("Proxy-Authorization")
 		},
 		Transport:     t,
+		BufferPool:    proxyBufs{},
 		FlushInterval: -1, // event streams and long polls pass as they come
 		ModifyResponse: func(res *http.Response) error {
 			res.Header.Set(api.PortResponseHeader, "1")
@@ -134,6 +135,13 @@ func newPortProxy(log *slog.Logger) *httputil.ReverseProxy {
 		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
 }
+
+// proxyBufs lends the proxy its copy buffers (copyBufs, client.go)
+// instead of a new 32 KiB one per answer.
+type proxyBufs struct{}
+
+func (proxyBufs) Get() []byte  { return *copyBufs.Get().(*[]byte) }
+func (proxyBufs) Put(b []byte) { copyBufs.Put(&b) }
 
 // portPath is the path a ports request names on the sandbox's server:
 // what follows /v1/sandboxes/{id}/ports/{port}, escaped as it came, "/"
