@@ -219,6 +219,19 @@ func CheckCreate(req *CreateSandboxRequest) error {
 	if err := CheckLabels("node_selector", req.NodeSelector, MaxNodeSelector); err != nil {
 		return err
 	}
+	if n := req.Network; n != nil {
+		if err := checkLen("network.mode", n.Mode, MaxRefLen); err != nil {
+			return err
+		}
+		if max := MaxAllowDomains + MaxAllowCIDRs; len(n.Allow) > max {
+			return tooMany("network.allow", len(n.Allow), max)
+		}
+		for i, e := range n.Allow {
+			if err := checkLen(fmt.Sprintf("network.allow[%d]", i), e, MaxAllowEntry); err != nil {
+				return err
+			}
+		}
+	}
 	switch req.Pool {
 	case "", PoolOnPrem, PoolCloud:
 	default:

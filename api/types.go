@@ -62,6 +62,8 @@ type CreateSandboxRequest struct {
 	Labels      map[string]string `json:"labels,omitempty"`
 	TTL         Duration          `json:"ttl,omitempty"`          // lifetime; 0 = server default
 	IdleTimeout Duration          `json:"idle_timeout,omitempty"` // 0 = none
+	// Network is the egress policy; nil or mode none: loopback only.
+	Network *NetworkPolicy `json:"network,omitempty"`
 	// NodeSelector restricts placement to nodes carrying every one of
 	// these labels with exactly that value (warren agent --label).
 	NodeSelector map[string]string `json:"node_selector,omitempty"`
@@ -136,13 +138,16 @@ type Sandbox struct {
 	// first; a layer in use by a live sandbox cannot be deleted.
 	Layers []string `json:"layers,omitempty"`
 	// Workdir and User are the defaults for exec, from the environment.
-	Workdir     string     `json:"workdir,omitempty"`
-	User        string     `json:"user,omitempty"`
-	TTL         Duration   `json:"ttl,omitempty"`
-	IdleTimeout Duration   `json:"idle_timeout,omitempty"`
-	CreatedAt   time.Time  `json:"created_at"`
-	LastUsedAt  time.Time  `json:"last_used_at"`
-	ExpiresAt   *time.Time `json:"expires_at,omitempty"`
+	Workdir     string   `json:"workdir,omitempty"`
+	User        string   `json:"user,omitempty"`
+	TTL         Duration `json:"ttl,omitempty"`
+	IdleTimeout Duration `json:"idle_timeout,omitempty"`
+	// Network is the egress policy in force and what it refused; absent
+	// for a sandbox with no network (mode none, the default).
+	Network    *SandboxNetwork `json:"network,omitempty"`
+	CreatedAt  time.Time       `json:"created_at"`
+	LastUsedAt time.Time       `json:"last_used_at"`
+	ExpiresAt  *time.Time      `json:"expires_at,omitempty"`
 }
 
 // SandboxList is the body of GET /v1/sandboxes.
@@ -392,6 +397,9 @@ type Node struct {
 	// predate it: none either). Placement sends a create with a disk limit
 	// only to nodes that enforce it.
 	DiskQuota string `json:"disk_quota,omitempty"`
+	// Network says the node gives sandboxes a network (policies
+	// allowlist and open); placement sends networked creates only there.
+	Network bool `json:"network,omitempty"`
 	// FnRuntimes are the FnCall runtimes the node declares, with their
 	// pools' state; apiservers route FnCalls by them.
 	FnRuntimes []FnRuntime `json:"fn_runtimes,omitempty"`

@@ -145,3 +145,18 @@ func (c *Client) Stats(ctx context.Context, id string) (*api.SandboxStats, error
 	}
 	return &st, nil
 }
+
+// UpdateNetwork changes a running sandbox's egress policy (PATCH
+// /v1/sandboxes/{id}/network) and returns the policy now in force. It
+// applies within a second, also to connections already open.
+func (c *Client) UpdateNetwork(ctx context.Context, id string, u api.NetworkUpdate) (*api.SandboxNetwork, error) {
+	p, err := sandboxPath(id, "/network")
+	if err != nil {
+		return nil, err
+	}
+	var n api.SandboxNetwork
+	if err := c.doJSON(ctx, http.MethodPatch, p, nil, u, &n); err != nil {
+		return nil, err
+	}
+	return &n, nil
+}

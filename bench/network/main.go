@@ -1,76 +1,92 @@
-// Command network measures warren's network paths against peers in the
-// same run. Results and how to read them: docs/BENCHMARKS.md.
+// Command network measures sandbox networking against peers in the same
+// run, each part printing medians and spreads over rounds and the ratio
+// to its peer:
 //
-//	sudo go run ./bench/network                    # every part, -rounds 3 -dur 5s
-//	sudo go run ./bench/network -parts ports -conc 1,8
+//		sudo go run ./bench/network -rounds 5                 # every part
+//		sudo go run ./bench/network -parts create,egress
 //
-// Parts:
-//
-//   - ports: HTTP requests to a server inside a sandbox with no network,
-//     through the API's /ports path and through port-forward, against a
-//     direct loopback connection to the same server (ports.go).
+//	  - create: sandbox creation through `warren up` with network none,
+//	    allowlist and open, against the same create with no network field
+//	    (target: allowlist within 1.3x of none).
+//	  - egress: TCP throughput and connection rate from a network namespace
+//	    through the node's firewall (allowlist and open), against a plain
+//	    veth + NAT namespace (target >= 0.9x), to a fake internet on
+//	    203.0.113.0/24 in a namespace of its own (the route checked first:
+//	    nothing leaves the machine).
+//	  - ports: HTTP requests/s, p50 and p99 to a server inside a sandbox
+//	    with no network through the API's /ports path and through
+//	    port-forward, against a direct loopback connection to the same
+//	    server (ports.go; -ports-* flags).
 package main
 
 import (
 	"flag"
 	"fmt"
 	"os"
-	"runtime/pprof"
-	"strconv"
+	"slices"
+	"sort"
 	"strings"
-	"time"
 )
 
-type config struct {
-	rounds    int
-	dur, warm time.Duration
-	conc      []int
-	size      int // response body, bytes
-	keep      bool
+var parts = map[string]func(rounds int) error{
+	"create": runCreate,
+	"egress": runEgress,
+	"ports":  runPorts,
 }
 
 func main() {
-	var cfg config
-	flag.IntVar(&cfg.rounds, "rounds", 3, "rounds (report median and spread)")
-	flag.DurationVar(&cfg.dur, "dur", 5*time.Second, "measured window per peer, concurrency and round")
-	flag.DurationVar(&cfg.warm, "warm", time.Second, "warm-up before each window")
-	conc := flag.String("conc", "1,8", "concurrencies (workers sending requests back to back)")
-	flag.IntVar(&cfg.size, "size", 64, "ports: response body size in bytes")
-	parts := flag.String("parts", "ports", "parts to run (ports)")
-	flag.BoolVar(&cfg.keep, "keep", false, "keep the temporary dir")
-	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (warren's in-process servers included) to this file")
+	rounds := flag.Int("rounds", 3, "rounds (report median and spread)")
+	only := flag.String("parts", "", "comma-separated parts to run (default all: "+strings.Join(partNames(), ",")+")")
 	flag.Parse()
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
-		if err == nil {
-			err = pprof.StartCPUProfile(f)
-		}
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "bench/network:", err)
+	names := partNames()
+	if *only != "" {
+		names = strings.Split(*only, ",")
+	}
+	for _, n := range names {
+		f, ok := parts[n]
+		if !ok {
+			fmt.Fprintf(os.Stderr, "bench/network: unknown part %q (have %s)\n", n, strings.Join(partNames(), ", "))
 			os.Exit(2)
 		}
-		defer pprof.StopCPUProfile()
-	}
-	for _, s := range strings.Split(*conc, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n < 1 {
-			fmt.Fprintf(os.Stderr, "bench/network: -conc %q: want positive numbers\n", *conc)
-			os.Exit(2)
-		}
-		cfg.conc = append(cfg.conc, n)
-	}
-	for _, p := range strings.Split(*parts, ",") {
-		var err error
-		switch p {
-		case "ports":
-			err = runPorts(cfg)
-		default:
-			err = fmt.Errorf("unknown part %q", p)
-		}
-		if err != nil {
-			pprof.StopCPUProfile()
-			fmt.Fprintln(os.Stderr, "bench/network:", err)
+		fmt.Printf("== %s\n", n)
+		if err := f(*rounds); err != nil {
+			fmt.Fprintf(os.Stderr, "bench/network: %s: %v\n", n, err)
 			os.Exit(1)
 		}
 	}
+}
+
+func partNames() []string {
+	var out []string
+	for n := range parts {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// medianSpread prints "median (min-max)" of xs.
+func medianSpread(xs []float64, format string) string {
+	if len(xs) == 0 {
+		return "-"
+	}
+	s := slices.Clone(xs)
+	sort.Float64s(s)
+	m := s[len(s)/2]
+	if len(s)%2 == 0 {
+		m = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return fmt.Sprintf(format+" ("+format+"-"+format+")", m, s[0], s[len(s)-1])
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	sort.Float64s(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 0 {
+		return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return s[len(s)/2]
 }

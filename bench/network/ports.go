@@ -17,6 +17,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -44,7 +45,32 @@ type portPeer struct {
 	auth string // Authorization header, if any
 }
 
-func runPorts(cfg config) error {
+// The ports part's own flags (main parses them).
+var (
+	portsDur  = flag.Duration("ports-dur", 5*time.Second, "ports: measured window per peer, concurrency and round")
+	portsWarm = flag.Duration("ports-warm", time.Second, "ports: warm-up before each window")
+	portsConc = flag.String("ports-conc", "1,8", "ports: concurrencies (workers sending requests back to back)")
+	portsSize = flag.Int("ports-size", 64, "ports: response body size in bytes")
+	portsKeep = flag.Bool("ports-keep", false, "ports: keep the temporary dir")
+)
+
+type config struct {
+	rounds    int
+	dur, warm time.Duration
+	conc      []int
+	size      int // response body, bytes
+	keep      bool
+}
+
+func runPorts(rounds int) error {
+	cfg := config{rounds: rounds, dur: *portsDur, warm: *portsWarm, size: *portsSize, keep: *portsKeep}
+	for _, s := range strings.Split(*portsConc, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			return fmt.Errorf("-ports-conc %q: want positive numbers", *portsConc)
+		}
+		cfg.conc = append(cfg.conc, n)
+	}
 	if os.Geteuid() != 0 {
 		return errors.New("ports: needs root (containers, network namespaces)")
 	}
@@ -145,16 +171,26 @@ func runPorts(cfg config) error {
 		fmt.Printf("\nc%-3d %-13s %22s %22s %22s\n", conc, "", "requests/s", "p50", "p99")
 		for _, p := range peers {
 			ss := results[fmt.Sprintf("%s c%d", p.name, conc)]
-			fmt.Printf("     %-13s %22s %22s %22s\n", p.name, spreadOf(ss, rate, "%.0f"), spreadOf(ss, p50, "%.0fµs"), spreadOf(ss, p99, "%.0fµs"))
+			fmt.Printf("     %-13s %22s %22s %22s\n", p.name, medianSpread(of(ss, rate), "%.0f"),
+				medianSpread(of(ss, p50), "%.0fµs"), medianSpread(of(ss, p99), "%.0fµs"))
 		}
 		d := results[fmt.Sprintf("direct c%d", conc)]
 		for _, p := range peers[1:] {
 			ss := results[fmt.Sprintf("%s c%d", p.name, conc)]
-			fmt.Printf("     %-13s / direct: requests/s %.2fx   p50 %.2fx   p99 %.2fx\n", p.name,
-				medianOf(ss, rate)/medianOf(d, rate), medianOf(ss, p50)/medianOf(d, p50), medianOf(ss, p99)/medianOf(d, p99))
+			ratio := func(f func(portSample) float64) float64 { return median(of(ss, f)) / median(of(d, f)) }
+			fmt.Printf("     %-13s / direct: requests/s %.2fx   p50 %.2fx   p99 %.2fx\n", p.name, ratio(rate), ratio(p50), ratio(p99))
 		}
 	}
 	return nil
+}
+
+// of is f of each sample.
+func of(ss []portSample, f func(portSample) float64) []float64 {
+	v := make([]float64, len(ss))
+	for i, s := range ss {
+		v[i] = f(s)
+	}
+	return v
 }
 
 // netnsOf opens the network namespace of the process whose command line
@@ -263,22 +299,3 @@ func (p portPeer) drive(ctx context.Context, conc int, warm, dur time.Duration, 
 }
 
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
-
-func medianOf(ss []portSample, f func(portSample) float64) float64 {
-	v := make([]float64, len(ss))
-	for i, s := range ss {
-		v[i] = f(s)
-	}
-	sort.Float64s(v)
-	return v[len(v)/2]
-}
-
-// spreadOf prints "median (min-max)".
-func spreadOf(ss []portSample, f func(portSample) float64, format string) string {
-	v := make([]float64, len(ss))
-	for i, s := range ss {
-		v[i] = f(s)
-	}
-	sort.Float64s(v)
-	return fmt.Sprintf(format+" ("+format+"-"+format+")", v[len(v)/2], v[0], v[len(v)-1])
-}

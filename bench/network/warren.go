@@ -23,6 +23,7 @@ func upWarren(ctx context.Context, dataDir string) (*client.Client, error) {
 		Log:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
 	cfg.Fn.Disabled = true
+	cfg.Network.Off = true // sandboxes with no network: nothing else to set up
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
 	cfg.Ready = func(addr string) { ready <- addr }

@@ -20,6 +20,7 @@ import (
 	"path"
 	"sort"
 	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -257,6 +258,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 			s.getFiles(w, r, parts[2])
 		case parts[3] == "stat" && r.Method == http.MethodGet:
 			s.stat(w, r, parts[2])
+		case parts[3] == "network" && r.Method == http.MethodPatch:
+			s.network(w, r, parts[2])
 		default:
 			WriteError(w, http.StatusNotFound, api.CodeNotFound, "no route "+r.Method+" "+r.URL.Path, 0)
 		}
@@ -348,10 +351,59 @@ func (s *Server) add(req api.CreateSandboxRequest) api.Sandbox {
 	for _, d := range []string{"/", "/tmp", "/work"} {
 		sb.files[d] = &node{dir: true, mode: 0o755, mtime: now}
 	}
+	if req.Network.Networked() {
+		n := &api.SandboxNetwork{NetworkPolicy: *req.Network, Address: "10.213.0.2"}
+		if n.Mode == "" {
+			n.Mode = api.NetworkAllowlist
+		}
+		sb.Network = n
+	}
 	s.sandboxes[sb.ID] = sb
 	v := sb.Sandbox
 	s.mu.Unlock()
 	return v
+}
+
+// network applies a PATCH .../network as the API does, without checking
+// entries: mode and allow replace, add and remove edit.
+func (s *Server) network(w http.ResponseWriter, r *http.Request, id string) {
+	var u api.NetworkUpdate
+	if err := json.NewDecoder(r.Body).Decode(&u); err != nil {
+		WriteError(w, http.StatusBadRequest, api.CodeInvalid, err.Error(), 0)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sb := s.sandboxes[id]
+	n := api.SandboxNetwork{NetworkPolicy: api.NetworkPolicy{Mode: api.NetworkNone}}
+	if sb.Network != nil {
+		n = *sb.Network
+	}
+	if u.Mode != nil {
+		n.Mode, n.Allow = *u.Mode, nil
+	}
+	if u.Allow != nil {
+		n.Allow = *u.Allow
+		if u.Mode == nil {
+			n.Mode = api.NetworkAllowlist
+		}
+	}
+	if len(u.Add) > 0 && n.Mode == api.NetworkNone {
+		n.Mode = api.NetworkAllowlist
+	}
+	n.Allow = append(n.Allow, u.Add...)
+	n.Allow = slices.DeleteFunc(n.Allow, func(e string) bool { return slices.Contains(u.Remove, e) })
+	switch n.Mode {
+	case api.NetworkNone:
+		sb.Network = nil
+	case api.NetworkAllowlist, api.NetworkOpen:
+		n.Address = "10.213.0.2"
+		sb.Network = &n
+	default:
+		WriteError(w, http.StatusBadRequest, api.CodeInvalid, "network: unknown mode "+n.Mode, 0)
+		return
+	}
+	writeJSON(w, http.StatusOK, n)
 }
 
 func (s *Server) list(w http.ResponseWriter, r *http.Request) {

@@ -65,7 +65,7 @@ func newNodeLsCmd(a *app) *cobra.Command {
 				}
 				return writeJSON(a.stdout, api.NodeList{Nodes: nodes})
 			}
-			tw := newTable(a.stdout, "ID", "POOL", "HEALTHY", "ADDRESS", "BACKENDS", "CPU", "MEMORY", "SANDBOXES", "DISK-QUOTA", "PROBLEMS")
+			tw := newTable(a.stdout, "ID", "POOL", "HEALTHY", "ADDRESS", "BACKENDS", "CPU", "MEMORY", "SANDBOXES", "DISK-QUOTA", "NETWORK", "PROBLEMS")
 			for _, n := range nodes {
 				health := "yes"
 				if !n.Healthy {
@@ -75,11 +75,15 @@ func newNodeLsCmd(a *app) *cobra.Command {
 				if pool == "" {
 					pool = api.PoolOnPrem
 				}
+				network := "no"
+				if n.Network {
+					network = "yes"
+				}
 				row(tw, n.ID, pool, health, orDash(n.Address), orDash(strings.Join(n.Backends, ",")),
 					num(n.Usage.CPU)+"/"+num(n.Capacity.CPU),
 					memHuman(n.Usage.Memory)+"/"+memHuman(n.Capacity.Memory),
 					fmt.Sprintf("%d/%d", n.Usage.Sandboxes, n.Capacity.Sandboxes),
-					orDash(n.DiskQuota),
+					orDash(n.DiskQuota), network,
 					orDash(strings.Join(n.Problems, "; ")))
 			}
 			return tw.Flush()

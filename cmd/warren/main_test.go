@@ -303,9 +303,9 @@ func TestImageAndNodeLs(t *testing.T) {
 	}
 	lines := strings.Split(r.stdout, "\n")
 	head, row := strings.Fields(lines[0]), strings.Fields(lines[1])
-	if len(head) != 10 || head[8] != "DISK-QUOTA" || head[9] != "PROBLEMS" || len(row) < 10 ||
-		!slices.Contains([]string{"-", "none", "btrfs", "xfs", "ext4"}, row[8]) {
-		t.Errorf("node ls: header %q, row %q; want a DISK-QUOTA column before PROBLEMS", head, row)
+	if len(head) != 11 || head[8] != "DISK-QUOTA" || head[9] != "NETWORK" || head[10] != "PROBLEMS" || len(row) < 11 ||
+		!slices.Contains([]string{"-", "none", "btrfs", "xfs", "ext4"}, row[8]) || !slices.Contains([]string{"yes", "no"}, row[9]) {
+		t.Errorf("node ls: header %q, row %q; want DISK-QUOTA and NETWORK columns before PROBLEMS", head, row)
 	}
 }
 
@@ -387,5 +387,38 @@ func TestSandboxCreateGang(t *testing.T) {
 	}
 	if r := cli(t, srv, nil, "", "sandbox", "create", "--image", "busybox", "--count", "0"); r.code != 2 {
 		t.Errorf("--count 0: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+func TestSandboxNetworkFlags(t *testing.T) {
+	srv := newServer(t)
+	id := mustCreate(t, srv, "--allow", "pypi.org", "--allow", "*.pythonhosted.org", "--allow", "198.51.100.0/24:443")
+	sb, _ := srv.Sandbox(id)
+	if sb.Network == nil || sb.Network.Mode != api.NetworkAllowlist || !slices.Equal(sb.Network.Allow, []string{"pypi.org", "*.pythonhosted.org", "198.51.100.0/24:443"}) {
+		t.Fatalf("create --allow: server got network %+v", sb.Network)
+	}
+	open := mustCreate(t, srv, "--network", "open")
+	if sb, _ := srv.Sandbox(open); sb.Network == nil || sb.Network.Mode != api.NetworkOpen {
+		t.Errorf("create --network open: %+v", sb.Network)
+	}
+	for _, bad := range [][]string{{"--network", "open", "--allow", "a.com"}, {"--network", "sideways"}} {
+		if r := cli(t, srv, nil, "", append([]string{"sandbox", "create", "--image", "busybox"}, bad...)...); r.code != 2 {
+			t.Errorf("create %v: %+v, want a usage error", bad, r)
+		}
+	}
+	if r := cli(t, srv, nil, "", "sandbox", "get", id); r.code != 0 || !strings.Contains(r.stdout, "allowlist pypi.org, *.pythonhosted.org") {
+		t.Errorf("sandbox get: %+v", r)
+	}
+	if r := cli(t, srv, nil, "", "sandbox", "network", id, "--deny-all"); r.code != 0 || !strings.Contains(r.stdout, "none") {
+		t.Errorf("network --deny-all: %+v", r)
+	}
+	if sb, _ := srv.Sandbox(id); sb.Network != nil {
+		t.Errorf("after --deny-all: %+v", sb.Network)
+	}
+	if r := cli(t, srv, nil, "", "sandbox", "network", id, "--allow", "github.com", "-o", "json"); r.code != 0 || !strings.Contains(r.stdout, `"github.com"`) {
+		t.Errorf("network --allow: %+v", r)
+	}
+	if r := cli(t, srv, nil, "", "sandbox", "network", id, "--deny-all", "--open"); r.code != 2 {
+		t.Errorf("--deny-all --open: %+v, want a usage error", r)
 	}
 }

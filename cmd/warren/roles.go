@@ -171,6 +171,7 @@ s3://bucket/prefix?endpoint=host:port (see "warren apiserver --help").`,
 	quantityVar(f, &cfg.DefaultDisk, "default-disk", "writable layer limit of a sandbox that asks for none, e.g. 10Gi (0: none; needs a data dir on btrfs, or xfs or ext4 with project quotas)")
 	f.StringVar(&cfg.Backend, "backend", "container", "sandbox backend: container")
 	f.BoolVar(&cfg.StopSandboxes, "stop-sandboxes", false, "end every sandbox of this node when the agent stops (default: they keep running and the next agent on --data-dir re-adopts them)")
+	networkConfigFlags(f, &cfg.Network)
 	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	return cmd
 }

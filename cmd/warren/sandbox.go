@@ -21,6 +21,7 @@ func newSandboxCreateCmd(a *app) *cobra.Command {
 		ttl, idle      time.Duration
 		count          int
 		allOrNone      bool
+		network        networkFlags
 	)
 	c := &cobra.Command{
 		Use:   "create (--image ENV | --env ENV@VERSION | --layer LAYER...) [flags]",
@@ -36,6 +37,8 @@ value) and, when its value has an "@" and no "=", the environment to start from.
   warren sandbox create --env swe-task-0042@1 --env DEBUG=1
   warren sandbox create --layer debian-python@12 --layer harness@7
   warren sandbox create --image busybox --node-selector rack=r1 --pool cloud
+  warren sandbox create --image swe@1 --allow pypi.org --allow '*.pythonhosted.org' --allow 198.51.100.0/24:443
+  warren sandbox create --image web@1 --network open
   id=$(warren sandbox create --image busybox)
   warren sandbox create --image busybox --count 16 --all-or-none   # a gang: 16 ids, or none`,
 		Args: noArgs,
@@ -80,6 +83,9 @@ value) and, when its value has an "@" and no "=", the environment to start from.
 			}
 			req.TTL, req.IdleTimeout = api.Duration(ttl), api.Duration(idle)
 			var err error
+			if req.Network, err = network.policy(); err != nil {
+				return err
+			}
 			if req.Labels, err = parseKVs("label", labels, a.getenv, false); err != nil {
 				return err
 			}
@@ -148,6 +154,7 @@ value) and, when its value has an "@" and no "=", the environment to start from.
 	f.StringVarP(&output, "output", "o", "", "output: id (default) or json")
 	f.IntVar(&count, "count", 1, "create a gang of this many sandboxes (one id a line), labelled "+api.LabelGang)
 	f.BoolVar(&allOrNone, "all-or-none", false, "with --count: create all of them or none")
+	network.register(c)
 	return c
 }
 
@@ -259,6 +266,17 @@ func newSandboxGetCmd(a *app) *cobra.Command {
 					d += fmt.Sprintf(" (%d inodes)", sb.Resources.DiskInodes)
 				}
 				row(tw, "Disk:", d)
+			}
+			if n := sb.Network; n != nil {
+				net := n.Mode
+				if n.Mode == api.NetworkAllowlist {
+					net += " " + orDash(strings.Join(n.Allow, ", "))
+				}
+				row(tw, "Network:", net)
+				row(tw, "Address:", orDash(n.Address))
+				row(tw, "Denied:", fmt.Sprintf("%d connections, %d DNS queries", n.DeniedConnections, n.DeniedQueries))
+			} else {
+				row(tw, "Network:", api.NetworkNone)
 			}
 			row(tw, "TTL:", durOrDash(sb.TTL))
 			row(tw, "Idle timeout:", durOrDash(sb.IdleTimeout))

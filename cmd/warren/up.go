@@ -55,6 +55,7 @@ It serves plain HTTP (on loopback by default) unless given --tls-cert and
 	f.BoolVar(&cfg.StopSandboxes, "stop-sandboxes", false, "end every sandbox when warren stops (default: they keep running and the next \"warren up\" on --data-dir re-adopts them)")
 	f.StringVar(&cfg.ImageCache, "image-cache", "", "built runtime images to publish at startup (default $WARREN_IMAGE_CACHE or "+daemon.DefaultImageCache+")")
 	fnFlags(f, &cfg.Fn)
+	networkConfigFlags(f, &cfg.Network)
 	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	return cmd
 }

@@ -85,6 +85,7 @@ var routeRules = map[string]rule{
 	"GET /v1/sandboxes/{id}/files":      {action: iam.ActionSandboxFiles},
 	"PUT /v1/sandboxes/{id}/files":      {action: iam.ActionSandboxFiles},
 	"GET /v1/sandboxes/{id}/stats":      {action: iam.ActionRead},
+	"PATCH /v1/sandboxes/{id}/network":  {action: iam.ActionSandboxNetwork},
 	"GET /v1/images":                    {action: iam.ActionRead},
 	"GET /v1/images/{name...}":          {action: iam.ActionRead, node: true},
 	"GET /v1/nodes":                     {action: iam.ActionRead},

@@ -8,9 +8,10 @@ import (
 	"github.com/warrenhq/warren/internal/node"
 )
 
-// FuzzRequests sends arbitrary bodies to the JSON endpoints. Whatever a
-// stranger sends, the answer is a 2xx or a classified 4xx, never a 500, and
-// the running sandbox keeps working.
+// FuzzRequests sends arbitrary bodies to the JSON endpoints (create, exec,
+// network). Whatever a stranger sends, the answer is a 2xx, a classified
+// 4xx or a 503 saying what the node lacks (a network, here), never a 500,
+// and the running sandbox keeps working.
 func FuzzRequests(f *testing.F) {
 	for _, s := range []string{
 		`{"image":"busybox"}`,
@@ -19,20 +20,26 @@ func FuzzRequests(f *testing.F) {
 		`{"cmd":"echo hi","timeout":"1s","max_output":"1Ki"}`,
 		`{"argv":["echo","x"],"stdin":"aGk=","stdin_encoding":"base64","stream":true}`,
 		`{"image":1e400}`, `{"resources":{"memory":"9999999Ti"}}`, `null`, `"`, `{}`,
+		`{"image":"busybox","network":{"allow":["pypi.org","*.pythonhosted.org","198.51.100.0/24:443"]}}`,
+		`{"mode":"none"}`, `{"mode":"open","add":["a.com"]}`, `{"allow":["[::1]:80"],"remove":["x"]}`, `{"mode":null}`,
 	} {
 		f.Add(0, s)
 		f.Add(1, s)
+		f.Add(2, s)
 	}
 	h := newHarness(f, func(c *node.Config) { c.Limits.Sandboxes = 4 })
 	f.Fuzz(func(t *testing.T, which int, body string) {
 		h.t = t
 		sb := h.probe()
-		path := "/v1/sandboxes"
-		if which%2 == 1 {
+		method, path := "POST", "/v1/sandboxes"
+		switch uint(which) % 3 {
+		case 1:
 			path += "/" + sb + "/exec"
+		case 2:
+			method, path = "PATCH", path+"/"+sb+"/network"
 		}
-		resp, b := h.json("POST", path, body)
-		if resp.StatusCode >= 500 {
+		resp, b := h.json(method, path, body)
+		if resp.StatusCode >= 500 && resp.StatusCode != http.StatusServiceUnavailable {
 			t.Fatalf("POST %s %q: %d %s", path, body, resp.StatusCode, b)
 		}
 		if resp.StatusCode == http.StatusCreated {

@@ -13,6 +13,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/iam"
+	"github.com/warrenhq/warren/internal/netpolicy"
 	"github.com/warrenhq/warren/internal/node"
 )
 
@@ -33,6 +34,11 @@ const idempotencyHeader = "Idempotency-Key"
 func (s *Server) admitCreate(w http.ResponseWriter, r *http.Request, req api.CreateSandboxRequest, create createFunc) (api.Sandbox, error) {
 	if err := api.CheckCreate(&req); err != nil {
 		return api.Sandbox{}, errdefs.Request(err)
+	}
+	if req.Network != nil {
+		if _, err := netpolicy.Parse(*req.Network); err != nil {
+			return api.Sandbox{}, err
+		}
 	}
 	if len(r.Header.Get(idempotencyHeader)) > api.MaxIdempotencyKey {
 		return api.Sandbox{}, errdefs.Request(&api.LimitError{Field: idempotencyHeader, Got: int64(len(r.Header.Get(idempotencyHeader))), Max: api.MaxIdempotencyKey, Unit: "bytes"})

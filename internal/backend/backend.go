@@ -47,6 +47,9 @@ type Spec struct {
 	Env       []string // KEY=VALUE, defaults for every exec
 	Workdir   string   // default cwd for exec, "/" if empty
 	Resources Resources
+	// DNS are the nameservers the sandbox's /etc/resolv.conf names (the
+	// node's DNS proxy); empty leaves the environment's file alone.
+	DNS []string `json:",omitempty"`
 }
 
 // State of a sandbox as the backend sees it.
@@ -188,6 +191,15 @@ type Stats struct {
 	PIDs       int64         // processes and threads now
 }
 
+// NetNSer is a backend whose sandboxes each have a Linux network
+// namespace the node may enter from outside: to give the sandbox a
+// network (package egress) and to reach its ports. NetNS returns an open
+// descriptor of it, checked to be the running sandbox's (not a recycled
+// pid's); the caller closes it.
+type NetNSer interface {
+	NetNS(ctx context.Context, id string) (*os.File, error)
+}
+
 // Statser reports a sandbox's resource use.
 type Statser interface {
 	Stats(ctx context.Context, id string) (Stats, error)
@@ -202,11 +214,4 @@ type Statser interface {
 // syscall.ECONNREFUSED.
 type PortDialer interface {
 	DialPort(ctx context.Context, id string, port int) (net.Conn, error)
-}
-
-// NetNSer gives the network namespace of a running sandbox, open, for the
-// node to configure from outside (a veth, routes). The caller closes it.
-// Errors as PortDialer's.
-type NetNSer interface {
-	NetNS(ctx context.Context, id string) (*os.File, error)
 }

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -87,6 +88,8 @@ type AgentConfig struct {
 	StopSandboxes bool
 	// Fn configures FnCall on this node.
 	Fn FnConfig
+	// Network is the sandboxes' network (none on a simulated node).
+	Network NetworkConfig
 	// RegistrationTTL is how long the registration outlives the agent
 	// (default fleet.DefaultTTL).
 	RegistrationTTL time.Duration
@@ -165,16 +168,25 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	}
 	// No Images: the apiserver resolves images and sends them with each
 	// create, so the node needs only the blob store.
+	var network node.Network
+	var netProblem string
+	if cfg.Simulated == nil { // a simulated node has no namespaces to network
+		var stopNetwork func()
+		network, netProblem, stopNetwork = startNetwork(ctx, cfg.Network, append(slices.Clone(cfg.APIServers), cfg.Etcd...), log)
+		defer stopNetwork()
+	}
 	agent, err := node.New(ctx, node.Config{
-		ID:       nodeID,
-		StateDir: filepath.Join(nodeDir, "sandboxes"),
-		Backends: []backend.Backend{b},
-		Layers:   cache,
-		Limits:   cfg.Limits,
-		Pool:     cfg.Pool,
-		Labels:   cfg.Labels,
-		Defaults: node.Defaults{Disk: cfg.DefaultDisk},
-		Log:      log,
+		ID:             nodeID,
+		StateDir:       filepath.Join(nodeDir, "sandboxes"),
+		Backends:       []backend.Backend{b},
+		Layers:         cache,
+		Limits:         cfg.Limits,
+		Pool:           cfg.Pool,
+		Labels:         cfg.Labels,
+		Defaults:       node.Defaults{Disk: cfg.DefaultDisk},
+		Network:        network,
+		NetworkProblem: netProblem,
+		Log:            log,
 	})
 	if err != nil {
 		return err

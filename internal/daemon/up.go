@@ -54,6 +54,8 @@ type UpConfig struct {
 	// StopSandboxes ends every sandbox when Up stops; by default they
 	// keep running, for the next Up on the data dir to re-adopt.
 	StopSandboxes bool
+	// Network is the sandboxes' network.
+	Network NetworkConfig
 }
 
 // DefaultDataDir and DefaultListen are where `warren up` keeps its state
@@ -110,15 +112,19 @@ func Up(ctx context.Context, cfg UpConfig) error {
 		return err
 	}
 	cache := image.NewCache(filepath.Join(nodeDir, "cache"), imgs.blobs)
+	network, netProblem, stopNetwork := startNetwork(ctx, cfg.Network, nil, log)
+	defer stopNetwork()
 	agent, err := node.New(ctx, node.Config{
-		ID:       nodeID,
-		StateDir: filepath.Join(nodeDir, "sandboxes"),
-		Backends: []backend.Backend{ctr},
-		Images:   imgs.images,
-		Layers:   cache,
-		Limits:   cfg.Limits,
-		Defaults: node.Defaults{Disk: cfg.DefaultDisk},
-		Log:      log,
+		ID:             nodeID,
+		StateDir:       filepath.Join(nodeDir, "sandboxes"),
+		Backends:       []backend.Backend{ctr},
+		Images:         imgs.images,
+		Layers:         cache,
+		Limits:         cfg.Limits,
+		Defaults:       node.Defaults{Disk: cfg.DefaultDisk},
+		Network:        network,
+		NetworkProblem: netProblem,
+		Log:            log,
 	})
 	if err != nil {
 		return err

@@ -190,6 +190,7 @@ func (e *entry) view(maxMissed int) NodeView {
 		n.UpdatedAt = e.status.UpdatedAt
 		n.FnRuntimes = e.status.FnRuntimes
 		n.DiskQuota = e.status.DiskQuota
+		n.Network = e.status.Network
 	}
 	v := NodeView{Node: n, Polled: e.polled, Missed: e.missed, LastPoll: e.lastPoll, Secret: e.secret, e: e}
 	v.Unreachable = maxMissed > 0 && e.missed >= maxMissed

@@ -53,6 +53,7 @@ const (
 	ActionSandboxFiles     Action = "sandbox.files" // read and write files
 	ActionSandboxLifecycle Action = "sandbox.lifecycle"
 	ActionSandboxDelete    Action = "sandbox.delete"
+	ActionSandboxNetwork   Action = "sandbox.network" // change a sandbox's egress policy
 	// Building environments (builder and up).
 	ActionLayerWrite       Action = "layer.write" // push, import, delete layers
 	ActionEnvironmentWrite Action = "environment.write"
@@ -67,7 +68,7 @@ const (
 
 var roleActions = map[Role][]Action{
 	RoleReader:  {ActionRead},
-	RoleRunner:  {ActionSandboxCreate, ActionSandboxExec, ActionSandboxFiles, ActionSandboxLifecycle, ActionSandboxDelete},
+	RoleRunner:  {ActionSandboxCreate, ActionSandboxExec, ActionSandboxFiles, ActionSandboxLifecycle, ActionSandboxDelete, ActionSandboxNetwork},
 	RoleBuilder: {ActionLayerWrite, ActionEnvironmentWrite},
 	RoleAdmin:   {ActionProjectWrite, ActionTokenRead, ActionTokenWrite},
 }

@@ -84,6 +84,11 @@ type Config struct {
 	// and node_selector must match here; Status reports them.
 	Pool   string
 	Labels map[string]string
+	// Network gives sandboxes their network (policies allowlist and
+	// open); nil: creates asking for one are refused with
+	// network_unavailable, saying NetworkProblem.
+	Network        Network
+	NetworkProblem string
 	// SpoolDir holds buffered exec output past its in-memory threshold,
 	// unlinked while open (default: "spool" next to StateDir).
 	SpoolDir string
@@ -171,6 +176,9 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 			continue
 		}
 		a.backends[b.Name()] = b
+	}
+	if cfg.Network == nil && cfg.NetworkProblem != "" {
+		a.problems = append(a.problems, "network: "+cfg.NetworkProblem)
 	}
 	dq, why := nodeDiskQuota(a.backends)
 	a.disk = dq.Mechanism
@@ -267,6 +275,11 @@ func (a *Agent) Start(ctx context.Context) error {
 		return err
 	}
 	a.sweep(ctx)
+	if a.cfg.Network != nil {
+		if err := a.cfg.Network.Sweep(); err != nil {
+			a.log.Warn("network sweep", "err", err)
+		}
+	}
 	if n := a.reap(time.Now()); n > 0 {
 		a.log.Info("ended sandboxes whose ttl expired while the agent was down", "count", n)
 	}
@@ -310,6 +323,7 @@ func (a *Agent) Status() api.Node {
 		Problems:  append([]string(nil), a.problems...),
 		UpdatedAt: time.Now().UTC(),
 		DiskQuota: a.disk,
+		Network:   a.cfg.Network != nil,
 	}
 	for name := range a.backends {
 		n.Backends = append(n.Backends, name)

@@ -113,6 +113,12 @@ func (a *Agent) end(ctx context.Context, s *sandbox, why func(*sandbox) string) 
 	// Destroy outlives the caller: a half-destroyed sandbox helps nobody.
 	dctx, dcancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer dcancel()
+	if a.cfg.Network != nil {
+		// First: the sandbox's last packets meet no rules of a reused slot.
+		if err := a.cfg.Network.Detach(id); err != nil {
+			a.log.Error("remove sandbox network", "sandbox", id, "err", err)
+		}
+	}
 	if err := s.backend.Destroy(dctx, id); err != nil {
 		s.mu.Lock()
 		s.deleting = false

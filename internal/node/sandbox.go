@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"net/netip"
 	"slices"
 	"sort"
 	"strings"
@@ -29,6 +30,8 @@ type sandbox struct {
 	rev      uint64      // of the view's last change (changes.go)
 	deleting bool
 	cancel   context.CancelFunc // stops the watcher
+	// netMu serialises network policy changes (network.go).
+	netMu sync.Mutex
 	// calls counts the calls in flight (execs, file transfers): the idle
 	// reaper leaves a sandbox with any alone (reaper.go).
 	calls int
@@ -47,6 +50,11 @@ func (s *sandbox) snapshot() api.Sandbox {
 	v.Labels = maps.Clone(v.Labels)
 	v.Env = maps.Clone(v.Env)
 	v.Layers = slices.Clone(v.Layers)
+	if v.Network != nil {
+		n := *v.Network
+		n.Allow = slices.Clone(n.Allow)
+		v.Network = &n
+	}
 	return v
 }
 
@@ -62,6 +70,9 @@ func (s *sandbox) setState(state, reason string) {
 func (a *Agent) validate(req *api.CreateSandboxRequest) error {
 	if err := api.CheckCreate(req); err != nil {
 		return errdefs.Request(err)
+	}
+	if _, err := a.checkNetwork(req); err != nil {
+		return err
 	}
 	d := a.cfg.Defaults
 	if req.Backend == "" {
@@ -202,6 +213,9 @@ func (a *Agent) createFrom(ctx context.Context, req api.CreateSandboxRequest, re
 	if err := a.diskLimits(b, &req.Resources); err != nil {
 		return api.Sandbox{}, err
 	}
+	if _, ok := b.(backend.NetNSer); !ok && req.Network.Networked() {
+		return api.Sandbox{}, errdefs.New(errdefs.ErrInvalid, api.CodeNotSupported, "backend %s gives sandboxes no network", b.Name())
+	}
 	var img api.Image
 	if resolved != nil {
 		img = *resolved
@@ -298,6 +312,13 @@ func (a *Agent) create(ctx context.Context, b backend.Backend, req api.CreateSan
 			DiskInodes: req.Resources.DiskInodes,
 		},
 	}
+	if a.cfg.Network != nil {
+		spec.DNS = []string{a.cfg.Network.DNS()}
+	}
+	pol, err := a.checkNetwork(&req)
+	if err != nil {
+		return api.Sandbox{}, err
+	}
 	// The record goes to disk first, so that a crash in the middle leaves
 	// something recovery can find and clean up.
 	if err := a.writeRecord(record{Sandbox: view, Spec: spec}); err != nil {
@@ -307,6 +328,11 @@ func (a *Agent) create(ctx context.Context, b backend.Backend, req api.CreateSan
 		// Cleanup must run even if the caller went away.
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
+		if a.cfg.Network != nil {
+			if derr := a.cfg.Network.Detach(id); derr != nil {
+				a.log.Error("network cleanup after failed create", "sandbox", id, "err", derr)
+			}
+		}
 		if derr := b.Destroy(cctx, id); derr != nil {
 			a.log.Error("cleanup after failed create", "sandbox", id, "err", derr)
 		}
@@ -320,6 +346,13 @@ func (a *Agent) create(ctx context.Context, b backend.Backend, req api.CreateSan
 	t1 := time.Now()
 	if err := b.Start(ctx, id); err != nil {
 		return fail(fmt.Errorf("start sandbox: %w", err))
+	}
+	if pol.Networked() {
+		n, err := a.attach(ctx, b.(backend.NetNSer), id, pol, netip.Addr{})
+		if err != nil {
+			return fail(fmt.Errorf("sandbox network: %w", err))
+		}
+		view.Network = n
 	}
 	t2 := time.Now()
 	view.State = api.StateRunning
@@ -385,7 +418,12 @@ func (a *Agent) Get(ctx context.Context, id string) (api.Sandbox, error) {
 	if err != nil {
 		return api.Sandbox{}, err
 	}
-	return s.snapshot(), nil
+	v := s.snapshot()
+	if v.Network != nil {
+		n := a.networkStatus(v)
+		v.Network = &n
+	}
+	return v, nil
 }
 
 // Filter selects sandboxes in List. Zero fields match everything.

@@ -142,6 +142,9 @@ func (a *Agent) adopt(ctx context.Context, r record) {
 	case r.Sandbox.State == api.StateRunning:
 		r.Sandbox.State, r.Sandbox.Reason = api.StateFailed, fmt.Sprintf("sandbox init exited (code %d) while the agent was down", st.ExitCode)
 	}
+	if r.Sandbox.State == api.StateRunning {
+		a.adoptNetwork(ctx, b, &r.Sandbox)
+	}
 	// The idle clock restarts: the agent cannot know what happened while
 	// it was down, and reaping early would lose work.
 	r.Sandbox.LastUsedAt = time.Now().UTC()

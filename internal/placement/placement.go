@@ -103,6 +103,9 @@ type Request struct {
 	// Disk: the sandbox has a disk limit, so the node must enforce one
 	// (api.Node.DiskQuota); DiskInodes: an inode limit too.
 	Disk, DiskInodes bool
+	// Network: the sandbox has a network, so the node must give one
+	// (api.Node.Network).
+	Network bool
 }
 
 // Demand returns the capacity a sandbox with resources r takes.
@@ -376,6 +379,7 @@ type rejections struct {
 	pool                                    string
 	nodes, unhealthy, backend, labels, full int
 	disk                                    int // cannot enforce the disk limit
+	network                                 int // give sandboxes no network
 	refused                                 int
 	retryAfter                              time.Duration
 	// lack counts the nodes without a selector key; other counts those
@@ -425,6 +429,9 @@ func (s *search) feasible(i int) (float64, bool) {
 		return 0, false
 	case (s.req.Disk || s.req.DiskInodes) && !api.EnforcesDisk(n.DiskQuota, s.req.DiskInodes):
 		s.why.disk++
+		return 0, false
+	case s.req.Network && !n.Network:
+		s.why.network++
 		return 0, false
 	case s.exclude[n.ID]:
 		s.why.refused++
@@ -522,6 +529,7 @@ func (s *search) err() error {
 		total.backend += r.backend
 		total.labels += r.labels
 		total.disk += r.disk
+		total.network += r.network
 		total.full += r.full
 		total.refused += r.refused
 		if r.retryAfter > 0 && (total.retryAfter == 0 || r.retryAfter < total.retryAfter) {
@@ -535,7 +543,7 @@ func (s *search) err() error {
 	switch {
 	case total.nodes == 0 && s.req.Pool != "":
 		msg = fmt.Sprintf("no node matches pool %s (%s)", s.req.Pool, strings.Join(parts, "; "))
-	case total.labels > 0 && total.full == 0 && total.refused == 0 && total.disk == 0:
+	case total.labels > 0 && total.full == 0 && total.refused == 0 && total.disk == 0 && total.network == 0:
 		msg = fmt.Sprintf("no node matches node_selector %s (%s)", selectorString(s.selector, s.req.Labels), strings.Join(parts, "; "))
 		if s.req.Pool != "" {
 			msg = fmt.Sprintf("no node in pool %s matches node_selector %s (%s)", s.req.Pool, selectorString(s.selector, s.req.Labels), strings.Join(parts, "; "))
@@ -550,6 +558,8 @@ func (s *search) err() error {
 	case total.disk > 0:
 		// The nodes that match otherwise cannot enforce the disk limit.
 		return errdefs.New(errdefs.ErrUnavailable, api.CodeDiskQuotaUnsupported, "%s", msg)
+	case total.network > 0:
+		return errdefs.New(errdefs.ErrUnavailable, api.CodeNetworkUnavailable, "%s", msg)
 	default:
 		return errdefs.New(errdefs.ErrUnavailable, api.CodeNoMatchingNode, "%s", msg)
 	}
@@ -575,6 +585,7 @@ func (r rejections) String(req Request) string {
 		{r.backend, fmt.Sprintf("without backend %s", req.Backend)},
 		{r.labels, r.labelMisses()},
 		{r.disk, diskWhat(req)},
+		{r.network, "without a sandbox network"},
 		{r.refused, "refusing creates"},
 		{r.full, "without room"},
 	} {

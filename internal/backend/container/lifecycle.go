@@ -93,6 +93,11 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 	}
 	undo = append(undo, func() error { return unmountAll(root) })
 
+	if len(spec.DNS) > 0 {
+		if err := os.WriteFile(filepath.Join(dir, resolvConf), resolvConfFor(spec.DNS), 0o644); err != nil {
+			return fmt.Errorf("create sandbox %s: %w", id, err)
+		}
+	}
 	oci, err := c.ociSpec(spec, root)
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)

@@ -65,6 +65,7 @@ type Agent interface {
 	WriteTar(ctx context.Context, id, dir string, r io.Reader) error
 	ReadTar(ctx context.Context, id, path string, w io.Writer) error
 	Stats(ctx context.Context, id string) (api.SandboxStats, error)
+	UpdateNetwork(ctx context.Context, id string, u api.NetworkUpdate) (api.SandboxNetwork, error)
 	// Ports and DialPort reach a sandbox's ports (ports.go).
 	Ports(id string) (dial node.PortDial, done func(error) error, err error)
 	DialPort(ctx context.Context, id string, port int) (net.Conn, error)
@@ -149,6 +150,7 @@ func (s *Server) routes() {
 	s.mux.Handle("GET /v1/sandboxes/{id}/files", h(s.readFiles))
 	s.mux.Handle("PUT /v1/sandboxes/{id}/files", h(s.writeFiles))
 	s.mux.Handle("GET /v1/sandboxes/{id}/stats", h(s.stats))
+	s.mux.Handle("PATCH /v1/sandboxes/{id}/network", h(s.network))
 	s.portRoutes() // ports.go
 	s.mux.Handle("/", h(func(w http.ResponseWriter, r *http.Request) error {
 		return errdefs.New(errdefs.ErrNotFound, api.CodeNotFound, "no node API route for %s %s", r.Method, r.URL.Path)
@@ -404,6 +406,18 @@ func (s *Server) writeFiles(w http.ResponseWriter, r *http.Request) error {
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
+}
+
+func (s *Server) network(w http.ResponseWriter, r *http.Request) error {
+	var u api.NetworkUpdate
+	if err := httperr.DecodeJSON(w, r, &u); err != nil {
+		return err
+	}
+	n, err := s.agent.UpdateNetwork(r.Context(), r.PathValue("id"), u)
+	if err != nil {
+		return err
+	}
+	return httperr.WriteJSON(w, http.StatusOK, n)
 }
 
 func (s *Server) stats(w http.ResponseWriter, r *http.Request) error {

@@ -84,6 +84,23 @@ class ClientTest(unittest.TestCase):
         with tarfile.open(fileobj=io.BytesIO(self.c.read_tar(sid, "/work/pkg")), mode="r") as tf:
             self.assertIn("pkg/mod.py", tf.getnames())
 
+    def test_network(self):
+        # The suite's nodes may have no sandbox network (the fake backend
+        # has none): none -> none always works, anything else answers
+        # network_unavailable there.
+        n = self.c.update_network(self.sb["id"], mode="none")
+        self.assertEqual(n["mode"], "none")
+        with self.assertRaises(WarrenError) as cm:
+            self.c.update_network(self.sb["id"], mode="sideways")
+        self.assertEqual((cm.exception.status, cm.exception.code), (400, "invalid_argument"))
+        try:
+            n = self.c.update_network(self.sb["id"], allow=["203.0.113.7:443"])
+        except WarrenError as e:
+            self.assertIn(e.code, ("network_unavailable", "not_supported"))
+        else:
+            self.assertEqual((n["mode"], n["allow"]), ("allowlist", ["203.0.113.7:443"]))
+            self.c.update_network(self.sb["id"], mode="none")
+
     def test_stats(self):
         self.c.exec(self.sb["id"], cmd="sleep 30 >/dev/null 2>&1 &")
         st = self.c.stats(self.sb["id"])

@@ -271,6 +271,11 @@ class Client:
                        pool: str = "", **extra: Any) -> Dict[str, Any]:
         """Create and start a sandbox. Retries 429/503 refusals after their Retry-After.
 
+        network={"allow": ["pypi.org", "*.pythonhosted.org", "198.51.100.0/24:443"]}
+        lets out only what it names (domains through the node's DNS proxy);
+        network={"mode": "open"} the public internet; the default is none
+        (loopback only). update_network changes it later.
+
         node_selector={"rack": "r1"} places it only on nodes with every one of
         those labels (warren agent --label), pool="cloud" only in that node
         pool; when no node matches, the answer is 503 no_matching_node.
@@ -404,6 +409,26 @@ class Client:
 
     def stat(self, sid: str, path: str) -> Dict[str, Any]:
         return self._json("GET", f"/v1/sandboxes/{sid}/stat", query={"path": path})
+
+    def update_network(self, sid: str, *, mode: Optional[str] = None, allow: Optional[List[str]] = None,
+                       add: Optional[List[str]] = None, remove: Optional[List[str]] = None) -> Dict[str, Any]:
+        """Change a running sandbox's egress policy (PATCH /v1/sandboxes/{id}/network).
+
+        mode="none" takes the network away, mode="open" opens it, allow=[...]
+        replaces the allowlist, add/remove edit it. In force within a second,
+        also for connections already open. Returns the policy now in force
+        with denied_connections and denied_queries.
+        """
+        body: Dict[str, Any] = {}
+        if mode is not None:
+            body["mode"] = mode
+        if allow is not None:
+            body["allow"] = list(allow)
+        if add:
+            body["add"] = list(add)
+        if remove:
+            body["remove"] = list(remove)
+        return self._json("PATCH", f"/v1/sandboxes/{sid}/network", body=body)
 
     def stats(self, sid: str) -> Dict[str, Any]:
         """A running sandbox's resource use now: cpu_seconds, memory, memory_peak (bytes), pids."""

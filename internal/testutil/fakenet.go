@@ -1,0 +1,185 @@
+package testutil
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// InternetPrefix is the fake internet's address range: TEST-NET-3, never
+// routed on the real internet.
+var InternetPrefix = netip.MustParsePrefix("203.0.113.0/24")
+
+// FakeInternet is a network namespace the test made, holding hosts on
+// InternetPrefix, with this host's route to InternetPrefix pointing into
+// it (checked before NewFakeInternet returns): traffic to those addresses
+// never leaves the machine. One exists on the host at a time (tests in
+// other packages wait for the lock): the route is host-wide.
+type FakeInternet struct {
+	t      testing.TB
+	Name   string // the namespace's name (ip netns)
+	hostIf string
+	ns     *os.File
+}
+
+// NewFakeInternet makes the namespace and the route; cleanup removes both.
+func NewFakeInternet(t testing.TB) *FakeInternet {
+	t.Helper()
+	RequireRoot(t)
+	RequireBinary(t, "ip")
+	lock, err := os.OpenFile("/run/warren-test-fakeinternet.lock", os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lock.Close() })
+
+	b := make([]byte, 3)
+	rand.Read(b)
+	tag := hex.EncodeToString(b)
+	fi := &FakeInternet{t: t, Name: "wfi" + tag, hostIf: "wfi" + tag}
+	ip := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	// A stale route from a test killed mid-way would send our packets to
+	// a namespace that no longer exists: replace it.
+	exec.Command("ip", "route", "del", InternetPrefix.String()).Run()
+	ip("netns", "add", fi.Name)
+	t.Cleanup(func() {
+		exec.Command("ip", "route", "del", InternetPrefix.String(), "dev", fi.hostIf).Run()
+		exec.Command("ip", "link", "del", fi.hostIf).Run()
+		exec.Command("ip", "netns", "del", fi.Name).Run()
+	})
+	ip("link", "add", fi.hostIf, "type", "veth", "peer", "name", "up0", "netns", fi.Name)
+	ip("addr", "add", "192.0.0.9/30", "dev", fi.hostIf)
+	ip("link", "set", fi.hostIf, "up")
+	ip("-n", fi.Name, "addr", "add", "192.0.0.10/30", "dev", "up0")
+	ip("-n", fi.Name, "link", "set", "up0", "up")
+	ip("-n", fi.Name, "link", "set", "lo", "up")
+	ip("-n", fi.Name, "route", "add", "default", "via", "192.0.0.9")
+	ip("route", "add", InternetPrefix.String(), "via", "192.0.0.10", "dev", fi.hostIf)
+	// The check before the first packet: the host routes the whole range
+	// into the namespace, nowhere else.
+	for _, probe := range []string{"203.0.113.1", "203.0.113.254"} {
+		out, err := exec.Command("ip", "route", "get", probe).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "dev "+fi.hostIf+" ") {
+			t.Fatalf("the route to %s does not go into the fake internet (dev %s): %s %v", probe, fi.hostIf, out, err)
+		}
+	}
+	fi.ns, err = os.Open("/run/netns/" + fi.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fi.ns.Close() })
+	return fi
+}
+
+// Host gives the fake internet the address a (in InternetPrefix).
+func (fi *FakeInternet) Host(a string) netip.Addr {
+	fi.t.Helper()
+	addr := netip.MustParseAddr(a)
+	if !InternetPrefix.Contains(addr) {
+		fi.t.Fatalf("%s is not in the fake internet %s", a, InternetPrefix)
+	}
+	out, err := exec.Command("ip", "-n", fi.Name, "addr", "add", addr.String()+"/32", "dev", "lo").CombinedOutput()
+	if err != nil && !strings.Contains(string(out), "File exists") && !strings.Contains(string(out), "already assigned") {
+		fi.t.Fatalf("ip addr add %s: %v: %s", a, err, out)
+	}
+	return addr
+}
+
+// Route sends this host's traffic for prefix p (outside InternetPrefix:
+// a private or link-local range, to test that sandboxes cannot reach it)
+// into the fake internet too, checked like the main route; its first
+// address becomes a host there.
+func (fi *FakeInternet) Route(p string) netip.Addr {
+	fi.t.Helper()
+	pfx := netip.MustParsePrefix(p)
+	out, err := exec.Command("ip", "route", "add", pfx.String(), "via", "192.0.0.10", "dev", fi.hostIf).CombinedOutput()
+	if err != nil {
+		fi.t.Fatalf("ip route add %s: %v: %s", p, err, out)
+	}
+	fi.t.Cleanup(func() { exec.Command("ip", "route", "del", pfx.String(), "dev", fi.hostIf).Run() })
+	a := pfx.Addr()
+	if out, err := exec.Command("ip", "route", "get", a.String()).CombinedOutput(); err != nil || !strings.Contains(string(out), "dev "+fi.hostIf+" ") {
+		fi.t.Fatalf("the route to %s does not go into the fake internet: %s %v", a, out, err)
+	}
+	if out, err := exec.Command("ip", "-n", fi.Name, "addr", "add", a.String()+"/32", "dev", "lo").CombinedOutput(); err != nil {
+		fi.t.Fatalf("ip addr add %s: %v: %s", a, err, out)
+	}
+	return a
+}
+
+// Listen opens a TCP listener inside the fake internet at addr
+// ("203.0.113.10:80"), giving the namespace the address first.
+func (fi *FakeInternet) Listen(addr string) net.Listener {
+	fi.t.Helper()
+	ap := netip.MustParseAddrPort(addr)
+	if InternetPrefix.Contains(ap.Addr()) {
+		fi.Host(ap.Addr().String())
+	}
+	var ln net.Listener
+	fi.in(func() (err error) { ln, err = net.Listen("tcp4", addr); return })
+	fi.t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// ListenPacket opens a UDP socket inside the fake internet at addr.
+func (fi *FakeInternet) ListenPacket(addr string) net.PacketConn {
+	fi.t.Helper()
+	ap := netip.MustParseAddrPort(addr)
+	fi.Host(ap.Addr().String())
+	var pc net.PacketConn
+	fi.in(func() (err error) { pc, err = net.ListenPacket("udp4", addr); return })
+	fi.t.Cleanup(func() { pc.Close() })
+	return pc
+}
+
+func (fi *FakeInternet) in(fn func() error) {
+	fi.t.Helper()
+	if err := InNetNS(fi.ns, fn); err != nil {
+		fi.t.Fatal(err)
+	}
+}
+
+// InNetNS runs fn on a thread inside the network namespace ns: sockets
+// made there stay in it.
+func InNetNS(ns *os.File, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		// The thread is never unlocked: if setting it back failed, it
+		// must not run other goroutines, and the runtime ends it when
+		// this goroutine returns.
+		self, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer self.Close()
+		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- err
+			return
+		}
+		err = fn()
+		if serr := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); serr == nil {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
+	}()
+	return <-errc
+}
