@@ -123,7 +123,8 @@ func TestOpenAPIMatchesTypes(t *testing.T) {
 			t.Errorf("schema %s has properties %v; the Go type has %v", name, documented, want)
 		}
 	}
-	for _, p := range []string{"/v1/fn/run", "/v1/fn/batch", "/v1/fn/runtimes", "/v1/sandboxes/{id}/stats"} {
+	for _, p := range []string{"/v1/fn/run", "/v1/fn/batch", "/v1/fn/runtimes", "/v1/sandboxes/{id}/stats",
+		"/v1/sandboxes/{id}/ports/{port}/{path}", "/v1/sandboxes/{id}/portforward/{port}"} {
 		if _, ok := doc.Paths[p]; !ok {
 			t.Errorf("path %s is not documented", p)
 		}
@@ -153,7 +154,7 @@ func TestOpenAPIErrorCodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, code := range []string{api.CodeRuntimeNotFound, api.CodeRuntimeUnavailable, api.CodeFnOverloaded,
-		api.CodeTooLarge, api.CodeNoCapacity, api.CodeNoMatchingNode} {
+		api.CodeTooLarge, api.CodeNoCapacity, api.CodeNoMatchingNode, api.CodePortUnreachable} {
 		if !strings.Contains(string(b), code) {
 			t.Errorf("openapi.yaml does not list error code %s", code)
 		}

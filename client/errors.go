@@ -69,6 +69,7 @@ var codeStatus = map[string]int{
 	api.CodeBackendUnavailable: http.StatusServiceUnavailable,
 	api.CodeSandboxLost:        http.StatusServiceUnavailable,
 	api.CodeNodeUnreachable:    http.StatusServiceUnavailable,
+	api.CodePortUnreachable:    http.StatusBadGateway,
 	api.CodeInternal:           http.StatusInternalServerError,
 
 	api.CodeInvalidProject:      http.StatusBadRequest,

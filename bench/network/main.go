@@ -16,6 +16,10 @@
 //	  - dns: queries per second, p50, p99 and CPU per query through the
 //	    node's DNS proxy (cache on and off) against the same queries sent
 //	    straight to its upstream, a DNS server on 127.0.0.1 (dns.go).
+//	  - ports: HTTP requests/s, p50 and p99 to a server inside a sandbox
+//	    with no network through the API's /ports path and through
+//	    port-forward, against a direct loopback connection to the same
+//	    server (ports.go; -ports-* flags).
 package main
 
 import (
@@ -31,6 +35,7 @@ var parts = map[string]func(rounds int) error{
 	"create": runCreate,
 	"dns":    runDNS,
 	"egress": runEgress,
+	"ports":  runPorts,
 }
 
 func main() {

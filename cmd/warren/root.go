@@ -129,6 +129,7 @@ func newRootCmd(a *app) *cobra.Command {
 	root.AddCommand(layerCommands(a)...)
 	root.AddCommand(projectCommands(a)...)
 	root.AddCommand(newFnCmd(a))
+	root.AddCommand(newPortForwardCmd(a)) // portforward.go
 	return root
 }
 

@@ -103,6 +103,12 @@ var routeRules = map[string]rule{
 	"POST /v1/fn/run":                   {action: iam.ActionSandboxExec},
 	"POST /v1/fn/batch":                 {action: iam.ActionSandboxExec},
 	"GET /v1/fn/runtimes":               {action: iam.ActionRead},
+
+	// A sandbox's ports, any method (ports.go): the rights of exec.
+	"/v1/sandboxes/{id}/ports/{port}/{path...}": {action: iam.ActionSandboxExec},
+	"/v1/sandboxes/{id}/ports/{port}":           {action: iam.ActionSandboxExec},
+	"GET /v1/sandboxes/{id}/portforward/{port}": {action: iam.ActionSandboxExec},
+
 	// iam authorizes these against the project or token they name.
 	"POST /v1/projects":             {},
 	"GET /v1/projects":              {},

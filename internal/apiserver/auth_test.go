@@ -13,6 +13,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/apiserver"
+	"github.com/warrenhq/warren/internal/backend/fake"
 	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/image/imagetest"
 	"github.com/warrenhq/warren/internal/node"
@@ -29,6 +30,7 @@ type iamHarness struct {
 	url   string
 	iam   *iam.IAM
 	agent *node.Agent
+	fake  *fake.Backend // the agent's
 }
 
 func newIAMHarness(t testing.TB, mod func(*node.Config)) *iamHarness {
@@ -41,7 +43,7 @@ func newIAMHarness(t testing.TB, mod func(*node.Config)) *iamHarness {
 	if _, err := m.EnsureAdmin(ctx, adminSecret); err != nil {
 		t.Fatal(err)
 	}
-	agent := nodetest.New(t, mod)
+	agent, fb := nodetest.NewFake(t, mod)
 	go usage.Follow(ctx, agent, 10*time.Millisecond)
 	srv := httptest.NewServer(apiserver.New(apiserver.Config{
 		Node: agent, Images: imagetest.Busybox, Usage: usage,
@@ -49,7 +51,7 @@ func newIAMHarness(t testing.TB, mod func(*node.Config)) *iamHarness {
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	}))
 	t.Cleanup(srv.Close)
-	return &iamHarness{t: t, url: srv.URL, iam: m, agent: agent}
+	return &iamHarness{t: t, url: srv.URL, iam: m, agent: agent, fake: fb}
 }
 
 // project creates path with quota q as the system.

@@ -122,6 +122,7 @@ func (s *Server) routes() {
 	// Every other call on one sandbox (exec, files, stat, ...): one path,
 	// the verb's rule in routeRules (auth.go), forwarded to its node.
 	s.mux.Handle(sandboxVerbPattern, auth(s.sandboxCall))
+	s.portRoutes(auth) // ports.go: the same path, for a sandbox's ports
 	s.mux.Handle("GET /v1/images", auth(s.listImages))
 	s.mux.Handle("GET /v1/images/{name...}", auth(s.getImage))
 	s.mux.Handle("GET /v1/nodes", auth(s.listNodes))

@@ -15,6 +15,7 @@ package backend
 import (
 	"context"
 	"io"
+	"net"
 	"os"
 	"time"
 )
@@ -202,4 +203,15 @@ type NetNSer interface {
 // Statser reports a sandbox's resource use.
 type Statser interface {
 	Stats(ctx context.Context, id string) (Stats, error)
+}
+
+// PortDialer reaches TCP ports inside a sandbox from the node, whatever
+// its network policy (none included): DialPort connects to
+// 127.0.0.1:port inside the sandbox's own network (for a container, from
+// inside its network namespace; nothing inside the sandbox relays it).
+// ErrNotFound for an unknown id, ErrConflict when the sandbox is not
+// running; when nothing accepts the connection, an error wrapping
+// syscall.ECONNREFUSED.
+type PortDialer interface {
+	DialPort(ctx context.Context, id string, port int) (net.Conn, error)
 }

@@ -23,6 +23,9 @@ var (
 	ErrExhausted = errors.New("resource exhausted")
 	// ErrUnavailable: a host feature, backend or peer is missing or down.
 	ErrUnavailable = errors.New("unavailable")
+	// ErrUnreachable: a server inside a sandbox that warren relays to
+	// (its port) did not accept or did not answer; warren itself is fine.
+	ErrUnreachable = errors.New("unreachable")
 )
 
 // Error is a classified error with a stable code, e.g. Kind ErrNotFound with

@@ -37,6 +37,8 @@ func Status(err error) (int, string) {
 		return http.StatusTooManyRequests, api.CodeExhausted
 	case errors.Is(err, errdefs.ErrUnavailable):
 		return http.StatusServiceUnavailable, api.CodeUnavailable
+	case errors.Is(err, errdefs.ErrUnreachable):
+		return http.StatusBadGateway, api.CodePortUnreachable
 	}
 	return http.StatusInternalServerError, api.CodeInternal
 }
@@ -86,6 +88,7 @@ var kinds = map[int]error{
 	http.StatusConflict:              errdefs.ErrConflict,
 	http.StatusTooManyRequests:       errdefs.ErrExhausted,
 	http.StatusServiceUnavailable:    errdefs.ErrUnavailable,
+	http.StatusBadGateway:            errdefs.ErrUnreachable,
 	http.StatusRequestEntityTooLarge: errdefs.ErrInvalid,
 }
 
@@ -130,6 +133,8 @@ func kindOfCode(code string) error {
 		return errdefs.ErrExhausted
 	case api.CodeUnavailable, api.CodeBackendUnavailable:
 		return errdefs.ErrUnavailable
+	case api.CodePortUnreachable:
+		return errdefs.ErrUnreachable
 	}
 	return nil
 }

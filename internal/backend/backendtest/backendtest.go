@@ -113,6 +113,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Limits", s.testLimits)
 	t.Run("Recover", s.testRecover)
 	t.Run("Stats", s.testStats)
+	t.Run("Ports", s.testPorts)
 }
 
 type suite struct {

@@ -65,6 +65,8 @@ type Backend struct {
 
 	mu    sync.Mutex
 	boxes map[string]*box
+
+	ports ports // listeners tests put in sandboxes (ports.go)
 }
 
 var (

@@ -277,7 +277,17 @@ func (c *Client) Delete(ctx context.Context, id string) error {
 // other answer comes back as its classified error with nothing written,
 // for the caller to answer with. A failure after the answer started is a
 // *CutShort.
+//
+// Calls to a sandbox's ports (IsPortsPath) keep every end-to-end header
+// but credentials, and the answers of the sandbox's server (marked
+// api.PortResponseHeader) are copied whatever their status. An Upgrade
+// request (WebSocket, a port-forward tunnel) is sent on a connection of
+// its own and, once the node switched protocols, spliced to the caller's
+// (ports.go): Forward returns when both ends closed.
 func (c *Client) Forward(w http.ResponseWriter, r *http.Request) error {
+	if isUpgrade(r.Header) {
+		return c.forwardUpgrade(w, r)
+	}
 	ctx := r.Context()
 	u := c.base + r.URL.EscapedPath()
 	if r.URL.RawQuery != "" {
@@ -294,18 +304,15 @@ func (c *Client) Forward(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	out.ContentLength = r.ContentLength
-	for _, h := range forwardedRequestHeaders {
-		if v := r.Header.Values(h); len(v) > 0 {
-			out.Header[h] = v
-		}
-	}
+	copyRequestHeaders(out.Header, r)
 	out.Header.Set("Authorization", "Bearer "+c.token)
 	resp, err := c.hc.Do(out)
 	if err != nil {
 		return c.transportErr(ctx, err)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
+	passed := resp.Header.Get(api.PortResponseHeader) != ""
+	if resp.StatusCode/100 != 2 && !passed {
 		if resp.StatusCode == http.StatusUnauthorized {
 			return c.refused(httperr.Read(resp))
 		}
@@ -319,7 +326,7 @@ func (c *Client) Forward(w http.ResponseWriter, r *http.Request) error {
 	}
 	w.WriteHeader(resp.StatusCode)
 	flush := func() {}
-	if f, ok := w.(http.Flusher); ok && strings.HasPrefix(resp.Header.Get("Content-Type"), ndjsonType) {
+	if f, ok := w.(http.Flusher); ok && (passed || strings.HasPrefix(resp.Header.Get("Content-Type"), ndjsonType)) {
 		flush = f.Flush
 	}
 	buf := copyBufs.Get().(*[]byte)
@@ -352,14 +359,39 @@ type CutShort struct{ Err error }
 func (e *CutShort) Error() string { return e.Err.Error() }
 func (e *CutShort) Unwrap() error { return e.Err }
 
+// copyRequestHeaders copies to h what a forwarded call r keeps of its
+// caller's headers: what shapes its body and answer, never the caller's
+// credentials; for a sandbox's port, every end-to-end header but those.
+func copyRequestHeaders(h http.Header, r *http.Request) {
+	if !IsPortsPath(r.URL.Path) {
+		for _, k := range forwardedRequestHeaders {
+			if v := r.Header.Values(k); len(v) > 0 {
+				h[k] = v
+			}
+		}
+		return
+	}
+	for k, v := range r.Header {
+		if !hopByHop[k] && !credentials[k] {
+			h[k] = v
+		}
+	}
+	for _, f := range r.Header["Connection"] { // and what Connection names
+		for _, k := range strings.Split(f, ",") {
+			h.Del(strings.TrimSpace(k))
+		}
+	}
+}
+
 var (
 	// forwardedRequestHeaders are what a forwarded call keeps of its
 	// caller's headers: what shapes its body and answer, never the
 	// caller's credentials.
 	forwardedRequestHeaders = []string{"Content-Type", "Accept", "Idempotency-Key"}
+	credentials             = map[string]bool{"Authorization": true, "Proxy-Authorization": true}
 	hopByHop                = map[string]bool{
 		"Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true, "Proxy-Authorization": true,
-		"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true,
+		"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Proxy-Connection": true,
 	}
 	copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 )

@@ -35,6 +35,7 @@ import (
 	"io"
 	"log/slog"
 	"mime"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -65,6 +66,9 @@ type Agent interface {
 	ReadTar(ctx context.Context, id, path string, w io.Writer) error
 	Stats(ctx context.Context, id string) (api.SandboxStats, error)
 	UpdateNetwork(ctx context.Context, id string, u api.NetworkUpdate) (api.SandboxNetwork, error)
+	// Ports and DialPort reach a sandbox's ports (ports.go).
+	Ports(id string) (dial node.PortDial, done func(error) error, err error)
+	DialPort(ctx context.Context, id string, port int) (net.Conn, error)
 }
 
 var _ Agent = (*node.Agent)(nil)
@@ -147,6 +151,7 @@ func (s *Server) routes() {
 	s.mux.Handle("PUT /v1/sandboxes/{id}/files", h(s.writeFiles))
 	s.mux.Handle("GET /v1/sandboxes/{id}/stats", h(s.stats))
 	s.mux.Handle("PATCH /v1/sandboxes/{id}/network", h(s.network))
+	s.portRoutes() // ports.go
 	s.mux.Handle("/", h(func(w http.ResponseWriter, r *http.Request) error {
 		return errdefs.New(errdefs.ErrNotFound, api.CodeNotFound, "no node API route for %s %s", r.Method, r.URL.Path)
 	}))

@@ -22,6 +22,15 @@ import (
 // config before the agent starts. The agent is closed when the test ends.
 func New(t testing.TB, mod func(*node.Config)) *node.Agent {
 	t.Helper()
+	a, _ := NewFake(t, mod)
+	return a
+}
+
+// NewFake is New that also returns the agent's fake backend (to put test
+// servers on its sandboxes' ports, fake.Backend.Listen), unless mod
+// replaced it.
+func NewFake(t testing.TB, mod func(*node.Config)) (*node.Agent, *fake.Backend) {
+	t.Helper()
 	dir := t.TempDir()
 	b, err := fake.New(filepath.Join(dir, "fake"), fake.Options{Name: api.BackendContainer})
 	if err != nil {
@@ -47,5 +56,5 @@ func New(t testing.TB, mod func(*node.Config)) *node.Agent {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Close() })
-	return a
+	return a, b
 }

@@ -28,18 +28,27 @@ FnCall judges a program in a fresh container per call, once per test case:
                  cases=[("1 2\\n", "3"), ("2 2\\n", "5")], limits={"cpu_time": "2s", "memory": "256Mi"})
     [case["status"] for case in r["cases"]]   # ["OK", "WrongAnswer"]; SandboxError is never the program's
 
+A server inside a sandbox is reached through the API whatever the
+sandbox's network (none too): HTTP to one of its ports, or a raw tunnel:
+
+    r = c.port_request(sb["id"], 8000, "/health")   # r.status, r.headers, r.body: the server's answer
+    c.port_url(sb["id"], 8000, "/docs")             # the URL, for any HTTP client with the token
+    s = c.dial_port(sb["id"], 5432)                 # a socket to 127.0.0.1:5432 inside
+
 Over https, ``Client(ca="/etc/warren/pki/ca.crt")`` (or WARREN_CA) trusts the
 cluster CA of `warren cert init`; a server it cannot verify raises TLSError.
 
 Refusals raise WarrenError, as the subclass of their HTTP class:
 InvalidError (400), UnauthenticatedError (401), ForbiddenError (403),
 NotFoundError (404), ConflictError (409), ExhaustedError (429),
-InternalError (500), UnavailableError (503). Switch on ``e.code``
+InternalError (500), PortUnreachableError (502), UnavailableError (503). Switch on ``e.code``
 (quota_exceeded, project_exists, ...), never on the message.
 """
 
 from .client import (AsyncClient, Client, ConflictError, ExecResult, ExhaustedError, Fn, ForbiddenError, InternalError,
-                     InvalidError, NotFoundError, TLSError, UnauthenticatedError, UnavailableError, WarrenError)
+                     InvalidError, NotFoundError, PortResponse, PortUnreachableError, TLSError, UnauthenticatedError,
+                     UnavailableError, WarrenError)
 
 __all__ = ["Client", "AsyncClient", "ExecResult", "Fn", "WarrenError", "InvalidError", "UnauthenticatedError",
-           "ForbiddenError", "NotFoundError", "ConflictError", "ExhaustedError", "InternalError", "UnavailableError", "TLSError"]
+           "ForbiddenError", "NotFoundError", "ConflictError", "ExhaustedError", "InternalError", "UnavailableError", "TLSError",
+           "PortResponse", "PortUnreachableError"]

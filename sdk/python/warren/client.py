@@ -7,6 +7,7 @@ import base64
 import functools
 import json
 import os
+import socket
 import ssl
 import time
 import urllib.error
@@ -72,6 +73,10 @@ class InternalError(WarrenError):
     """500: the server failed (internal)."""
 
 
+class PortUnreachableError(WarrenError):
+    """502 port_unreachable: nothing in the sandbox accepted a connection on that port."""
+
+
 _STATUS_ERRORS = {400: InvalidError, 401: UnauthenticatedError, 403: ForbiddenError, 404: NotFoundError,
                   409: ConflictError, 429: ExhaustedError, 500: InternalError, 503: UnavailableError}
 
@@ -88,12 +93,13 @@ _CODE_STATUS = {
     **dict.fromkeys(("resource_exhausted", "node_full", "quota_exceeded", "rate_limited"), 429),
     "internal": 500,
     **dict.fromkeys(("unavailable", "backend_unavailable", "sandbox_lost", "node_unreachable"), 503),
+    "port_unreachable": 502,
 }
 
 
 def _error(status: int, code: str, message: str, retry_after: float = 0.0) -> WarrenError:
     """The WarrenError subclass of status or, for an error inside a stream (status 0), of code."""
-    cls = _STATUS_ERRORS.get(status)
+    cls = PortUnreachableError if code == "port_unreachable" else _STATUS_ERRORS.get(status)
     if cls is None and not status:
         cls = _STATUS_ERRORS.get(404 if code.endswith("_not_found") else _CODE_STATUS.get(code, 0))
     return (cls or WarrenError)(status, code, message, retry_after)
@@ -128,6 +134,19 @@ class ExecResult:
             duration_ms=d.get("duration_ms", 0),
             raw=d,
         )
+
+
+# PORT_RESPONSE_HEADER marks the answers a sandbox's own server gave
+# through /ports: an answer without it is warren's (api.PortResponseHeader).
+PORT_RESPONSE_HEADER = "X-Warren-Port-Response"
+
+
+@dataclass
+class PortResponse:
+    """An answer of a server inside a sandbox (Client.port_request)."""
+    status: int
+    headers: Dict[str, str]
+    body: bytes
 
 
 class TLSError(WarrenError):
@@ -415,6 +434,91 @@ class Client:
         """A running sandbox's resource use now: cpu_seconds, memory, memory_peak (bytes), pids."""
         return self._json("GET", f"/v1/sandboxes/{sid}/stats")
 
+    # -- ports ------------------------------------------------------------
+
+    def port_url(self, sid: str, port: int, path: str = "/") -> str:
+        """The URL through the API of ``path`` (with its query) on ``port``
+        inside sandbox ``sid``, whatever the sandbox's network (none too).
+        Requests to it need this client's token (port_request sends it);
+        the sandbox's server never sees the token."""
+        if not path.startswith("/"):
+            path = "/" + path
+        return "%s/v1/sandboxes/%s/ports/%d%s" % (self.addr, urllib.parse.quote(sid, safe=""), port, path)
+
+    def port_request(self, sid: str, port: int, path: str = "/", *, method: str = "GET",
+                     body: Optional[bytes] = None, headers: Optional[Dict[str, str]] = None) -> "PortResponse":
+        """Sends one HTTP request to the server on ``port`` inside sandbox
+        ``sid`` and returns its answer, whatever its status. warren's own
+        refusals raise WarrenError: NotFoundError for an unknown sandbox,
+        InvalidError for a bad port, and code ``port_unreachable`` (502)
+        when nothing listens there."""
+        req = urllib.request.Request(self.port_url(sid, port, path), data=body, method=method)
+        for k, v in (headers or {}).items():
+            req.add_header(k, v)
+        req.add_header("Authorization", "Bearer " + self.token)
+        try:
+            resp = urllib.request.urlopen(req, timeout=self.timeout, context=self._ssl)
+        except urllib.error.HTTPError as e:
+            if not e.headers.get(PORT_RESPONSE_HEADER):
+                raise _error_from(e) from None
+            resp = e
+        except urllib.error.URLError as e:
+            if isinstance(e.reason, ssl.SSLError):
+                raise _tls_error(self.addr, e.reason) from None
+            raise
+        with resp:
+            return PortResponse(resp.status, dict(resp.headers.items()), resp.read())
+
+    def dial_port(self, sid: str, port: int) -> socket.socket:
+        """Opens a tunnel to ``port`` inside sandbox ``sid`` (what
+        ``warren port-forward`` does for each connection) and returns its
+        socket: bytes sent go to 127.0.0.1:port inside the sandbox, bytes
+        received come from it. ``sock.shutdown(socket.SHUT_WR)`` half-closes
+        it over http (the server reads EOF and may still answer). Refusals
+        raise WarrenError as port_request's do."""
+        u = urllib.parse.urlsplit(self.addr)
+        tls = u.scheme == "https"
+        raw = socket.create_connection((u.hostname, u.port or (443 if tls else 80)), timeout=self.timeout)
+        sock = raw
+        try:
+            if tls:
+                ctx = ssl.create_default_context(cafile=self.ca or None)
+                ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+                ctx.set_alpn_protocols(["http/1.1"])
+                try:
+                    sock = ctx.wrap_socket(raw, server_hostname=u.hostname)
+                except ssl.SSLError as e:
+                    raise _tls_error(self.addr, e) from None
+            path = "%s/v1/sandboxes/%s/portforward/%d" % (u.path, urllib.parse.quote(sid, safe=""), port)
+            sock.sendall(("GET %s HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n"
+                          "Authorization: Bearer %s\r\nUser-Agent: warren-python\r\n\r\n"
+                          % (path, u.netloc, self.token)).encode())
+            head = b""
+            while not head.endswith(b"\r\n\r\n"):  # a byte at a time: what follows is the tunnel's
+                b = sock.recv(1)
+                if not b:
+                    raise _error(0, "internal", "the server closed the tunnel before answering")
+                head += b
+                if len(head) > 64 << 10:
+                    raise _error(0, "internal", "the tunnel's answer has no end of headers")
+            lines = head.decode("latin-1").split("\r\n")
+            status = int(lines[0].split(" ")[1])
+            if status == 101:
+                sock.settimeout(None)
+                return sock
+            hdrs = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+            body = b""
+            n = int(hdrs.get("content-length", "0") or 0)
+            while len(body) < n:
+                chunk = sock.recv(n - len(body))
+                if not chunk:
+                    break
+                body += chunk
+            raise _error_body(status, body, hdrs.get("retry-after", ""))
+        except BaseException:
+            sock.close()
+            raise
+
     # -- images, nodes ----------------------------------------------------
 
     def list_images(self) -> List[Dict[str, Any]]:
@@ -530,16 +634,19 @@ def _ndjson(resp: BinaryIO) -> Iterator[Dict[str, Any]]:
 
 
 def _error_from(e: urllib.error.HTTPError) -> WarrenError:
-    body = e.read()
-    code, message, retry = "", body.decode(errors="replace").strip() or e.reason, 0.0
+    return _error_body(e.code, e.read(), e.headers.get("Retry-After", ""), e.reason)
+
+
+def _error_body(status: int, body: bytes, retry_after: str = "", reason: str = "") -> WarrenError:
+    code, message, retry = "", body.decode(errors="replace").strip() or reason, 0.0
     try:
         err = json.loads(body)["error"]
         code, message, retry = err.get("code", ""), err.get("message", message), float(err.get("retry_after", 0))
     except (ValueError, KeyError, TypeError):
         pass
-    if not retry and e.headers.get("Retry-After", "").isdigit():
-        retry = float(e.headers["Retry-After"])
-    return _error(e.code, code or f"http_{e.code}", message, retry)
+    if not retry and retry_after.isdigit():
+        retry = float(retry_after)
+    return _error(status, code or f"http_{status}", message, retry)
 
 
 def _bytes_field(body: Dict[str, Any], key: str, data: Union[str, bytes, None]) -> None:
