@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/netns"
 	"github.com/warrenhq/warren/internal/netpolicy"
 	"github.com/warrenhq/warren/internal/netpolicy/egress"
-	"github.com/warrenhq/warren/internal/testutil"
 )
 
 // The fake internet of the egress part: a namespace holding 203.0.113.10,
@@ -77,7 +77,7 @@ func fakeInternet() (func(), error) {
 	}
 	defer ns.Close()
 	var sink, acc net.Listener
-	if err := testutil.InNetNS(ns, func() (err error) {
+	if err := netns.Do(ns, func() (err error) {
 		if sink, err = net.Listen("tcp4", sinkAddr); err != nil {
 			return err
 		}
@@ -164,7 +164,7 @@ func policyPeer(m *egress.Manager, name string, p api.NetworkPolicy) (*os.File, 
 // throughput sends size bytes from inside ns to the sink: MB/s.
 func throughput(ns *os.File, size int) (float64, error) {
 	var mbps float64
-	err := testutil.InNetNS(ns, func() error {
+	err := netns.Do(ns, func() error {
 		c, err := net.DialTimeout("tcp4", sinkAddr, 5*time.Second)
 		if err != nil {
 			return err
@@ -189,7 +189,7 @@ func throughput(ns *os.File, size int) (float64, error) {
 // ns for d: connections per second.
 func connRate(ns *os.File, d time.Duration) (float64, error) {
 	var rate float64
-	err := testutil.InNetNS(ns, func() error {
+	err := netns.Do(ns, func() error {
 		n, t0 := 0, time.Now()
 		for time.Since(t0) < d {
 			c, err := net.DialTimeout("tcp4", acceptAddr, 5*time.Second)

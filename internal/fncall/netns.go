@@ -3,9 +3,8 @@ package fncall
 import (
 	"fmt"
 	"os"
-	"runtime"
 
-	"golang.org/x/sys/unix"
+	"github.com/warrenhq/warren/internal/netns"
 )
 
 // netnsPool recycles network namespaces between containers. Making a
@@ -41,51 +40,15 @@ func (p *netnsPool) close() {
 	}
 }
 
-// newNetns makes a network namespace on a locked thread, brings its lo up
-// and returns a handle to it, putting the thread back where it was.
-func newNetns() (ns *os.File, err error) {
-	runtime.LockOSThread()
-	orig, err := os.Open("/proc/thread-self/ns/net")
+// newNetns makes a network namespace with its lo up.
+func newNetns() (*os.File, error) {
+	ns, err := netns.New()
 	if err != nil {
-		runtime.UnlockOSThread()
 		return nil, err
 	}
-	defer orig.Close()
-	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-		runtime.UnlockOSThread()
-		return nil, fmt.Errorf("new network namespace: %w", err)
-	}
-	defer func() {
-		// A thread that cannot go back stays locked and dies with this
-		// goroutine, instead of serving others in the wrong namespace.
-		if unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET) == nil {
-			runtime.UnlockOSThread()
-		}
-	}()
-	if ns, err = os.Open("/proc/thread-self/ns/net"); err != nil {
-		return nil, err
-	}
-	if err := loopbackUp(); err != nil {
+	if err := netns.LoopbackUp(ns); err != nil {
 		ns.Close()
 		return nil, fmt.Errorf("lo up: %w", err)
 	}
 	return ns, nil
-}
-
-// loopbackUp brings up lo in the calling thread's network namespace.
-func loopbackUp() error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	ifr, err := unix.NewIfreq("lo")
-	if err != nil {
-		return err
-	}
-	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
-		return err
-	}
-	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
-	return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr)
 }

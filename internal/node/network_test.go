@@ -13,7 +13,7 @@ import (
 	"github.com/warrenhq/warren/internal/netpolicy"
 	"github.com/warrenhq/warren/internal/netpolicy/egress"
 	"github.com/warrenhq/warren/internal/netpolicy/egress/egresstest"
-	"github.com/warrenhq/warren/internal/testutil"
+	"github.com/warrenhq/warren/internal/testutil/fakenet"
 )
 
 // serveHTTP answers every request on ln with its host's name.
@@ -48,7 +48,7 @@ func sh(t *testing.T, a *Agent, id, cmd string) (string, int) {
 func TestContainerNetwork(t *testing.T) {
 	n := newContainerNode(t)
 	m := egresstest.New(t, netpolicy.Fence{})
-	fi := testutil.NewFakeInternet(t)
+	fi := fakenet.New(t)
 	serveHTTP(t, fi.Listen("203.0.113.10:80"), "ten")
 	serveHTTP(t, fi.Listen("203.0.113.11:80"), "eleven")
 	a := n.start(func(c *Config) { c.Network = m })
@@ -174,7 +174,7 @@ func TestNetworkUnavailable(t *testing.T) {
 // port 80; what an agent hunting for a way out tries.
 func TestContainerNetworkDomains(t *testing.T) {
 	n := newContainerNode(t)
-	fi := testutil.NewFakeInternet(t)
+	fi := fakenet.New(t)
 	d := fi.DNS("203.0.113.53:53", map[string]string{
 		"pypi.org":                "203.0.113.10",
 		"files.pythonhosted.org":  "203.0.113.11",

@@ -12,6 +12,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/testutil"
+	"github.com/warrenhq/warren/internal/testutil/fakenet"
 )
 
 // TestUpNetwork is the user story through the CLI: a sandbox
@@ -20,7 +21,7 @@ import (
 func TestUpNetwork(t *testing.T) {
 	testutil.RequireContainers(t)
 	testutil.RequireBinary(t, "go")
-	fi := testutil.NewFakeInternet(t)
+	fi := fakenet.New(t)
 	d := fi.DNS("203.0.113.53:53", map[string]string{"pypi.org": "203.0.113.10", "files.pythonhosted.org": "203.0.113.11"})
 	for addr, body := range map[string]string{"203.0.113.10:80": "simple index", "203.0.113.11:80": "a wheel"} {
 		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, body) })}

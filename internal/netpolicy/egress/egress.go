@@ -60,7 +60,7 @@ type Config struct {
 	// DoH are public DNS-over-HTTPS resolvers, refused on 443 whatever
 	// the policy; default the well-known ones.
 	DoH []netip.Addr
-	Log     *slog.Logger
+	Log *slog.Logger
 }
 
 // Manager is one node's sandbox network.
@@ -437,6 +437,7 @@ func (m *Manager) Sweep() error {
 	}
 	return errors.Join(errs...)
 }
+
 // DNS is the nameserver sandboxes are given: the gateway.
 func (m *Manager) DNS() string { return Gateway.String() }
 

@@ -18,8 +18,10 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/netns"
 	"github.com/warrenhq/warren/internal/netpolicy"
 	"github.com/warrenhq/warren/internal/testutil"
+	"github.com/warrenhq/warren/internal/testutil/fakenet"
 )
 
 // newManager makes a Manager with a name and pool of its own, so that
@@ -88,7 +90,7 @@ func policy(t *testing.T, p api.NetworkPolicy) *netpolicy.Policy {
 // dial connects from inside ns.
 func dial(ns *os.File, addr string, timeout time.Duration) (net.Conn, error) {
 	var c net.Conn
-	err := testutil.InNetNS(ns, func() (err error) {
+	err := netns.Do(ns, func() (err error) {
 		c, err = net.DialTimeout("tcp4", addr, timeout)
 		return
 	})
@@ -147,7 +149,7 @@ func mustNotReach(t *testing.T, ns *os.File, addr string) {
 
 func TestEgress(t *testing.T) {
 	m := newManager(t, netpolicy.Fence{})
-	fi := testutil.NewFakeInternet(t)
+	fi := fakenet.New(t)
 	for _, a := range []string{"203.0.113.10:80", "203.0.113.10:81", "203.0.113.11:80"} {
 		echo(fi.Listen(a))
 	}
@@ -212,7 +214,7 @@ func TestEgress(t *testing.T) {
 			t.Fatalf("%v: %s", err, out)
 		}
 		var err error
-		testutil.InNetNS(ns, func() error {
+		netns.Do(ns, func() error {
 			d := net.Dialer{Timeout: 2 * time.Second, LocalAddr: &net.TCPAddr{IP: spoof.AsSlice()}}
 			var c net.Conn
 			if c, err = d.Dial("tcp4", "203.0.113.10:80"); err == nil {
@@ -231,7 +233,7 @@ func TestEgress(t *testing.T) {
 			t.Fatal(err)
 		}
 		var ln net.Listener
-		testutil.InNetNS(ns2, func() (err error) { ln, err = net.Listen("tcp4", ":7000"); return })
+		netns.Do(ns2, func() (err error) { ln, err = net.Listen("tcp4", ":7000"); return })
 		defer ln.Close()
 		echo(ln)
 		mustNotReach(t, ns, addr2.String()+":7000")
@@ -284,7 +286,7 @@ func TestFenceExempt(t *testing.T) {
 		Exempt: []netip.Prefix{netip.MustParsePrefix("10.99.0.0/16")},
 		Extra:  []netip.Prefix{netip.MustParsePrefix("203.0.113.12/32")},
 	})
-	fi := testutil.NewFakeInternet(t)
+	fi := fakenet.New(t)
 	private := fi.Route("10.99.0.5/32")
 	echo(fi.Listen(private.String() + ":80"))
 	echo(fi.Listen("203.0.113.12:80"))
@@ -298,7 +300,7 @@ func TestFenceExempt(t *testing.T) {
 
 // dialUDP sends a datagram from inside ns to addr and waits for an echo.
 func udpEcho(ns *os.File, addr string) error {
-	return testutil.InNetNS(ns, func() error {
+	return netns.Do(ns, func() error {
 		c, err := net.Dial("udp4", addr)
 		if err != nil {
 			return err
@@ -333,7 +335,7 @@ func udpEchoServer(pc net.PacketConn) {
 // check).
 func TestEgressResolversAndLearned(t *testing.T) {
 	m := newManager(t, netpolicy.Fence{}, func(c *Config) { c.DoH = []netip.Addr{netip.MustParseAddr("203.0.113.20")} })
-	fi := testutil.NewFakeInternet(t)
+	fi := fakenet.New(t)
 	udpEchoServer(fi.ListenPacket("203.0.113.53:53"))
 	echo(fi.Listen("203.0.113.53:53"))
 	echo(fi.Listen("203.0.113.53:853"))

@@ -121,7 +121,9 @@ func ctMarkSet(m uint32) []expr.Any {
 }
 
 // counter is `counter name "n"`.
-func counter(name string) expr.Any { return &expr.Objref{Type: int(nftables.ObjTypeCounter), Name: name} }
+func counter(name string) expr.Any {
+	return &expr.Objref{Type: int(nftables.ObjTypeCounter), Name: name}
+}
 
 // redirectTo is `redirect to :port`.
 func redirectTo(port uint16) []expr.Any {

@@ -1,14 +1,16 @@
-package testutil
+// Package fakenet is a fake internet for tests that cross a network: a
+// network namespace the test makes, holding hosts on 203.0.113.0/24
+// (TEST-NET-3) and whatever else the test routes into it, with this
+// host's routes checked before the first packet, and a resolver.
+package fakenet
 
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -16,29 +18,32 @@ import (
 
 	"github.com/miekg/dns"
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/internal/netns"
+	"github.com/warrenhq/warren/internal/testutil"
 )
 
 // InternetPrefix is the fake internet's address range: TEST-NET-3, never
 // routed on the real internet.
 var InternetPrefix = netip.MustParsePrefix("203.0.113.0/24")
 
-// FakeInternet is a network namespace the test made, holding hosts on
+// Internet is a network namespace the test made, holding hosts on
 // InternetPrefix, with this host's route to InternetPrefix pointing into
 // it (checked before NewFakeInternet returns): traffic to those addresses
 // never leaves the machine. One exists on the host at a time (tests in
 // other packages wait for the lock): the route is host-wide.
-type FakeInternet struct {
+type Internet struct {
 	t      testing.TB
 	Name   string // the namespace's name (ip netns)
 	hostIf string
 	ns     *os.File
 }
 
-// NewFakeInternet makes the namespace and the route; cleanup removes both.
-func NewFakeInternet(t testing.TB) *FakeInternet {
+// New makes the namespace and the route; cleanup removes both.
+func New(t testing.TB) *Internet {
 	t.Helper()
-	RequireRoot(t)
-	RequireBinary(t, "ip")
+	testutil.RequireRoot(t)
+	testutil.RequireBinary(t, "ip")
 	lock, err := os.OpenFile("/run/warren-test-fakeinternet.lock", os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		t.Fatal(err)
@@ -51,7 +56,7 @@ func NewFakeInternet(t testing.TB) *FakeInternet {
 	b := make([]byte, 3)
 	rand.Read(b)
 	tag := hex.EncodeToString(b)
-	fi := &FakeInternet{t: t, Name: "wfi" + tag, hostIf: "wfi" + tag}
+	fi := &Internet{t: t, Name: "wfi" + tag, hostIf: "wfi" + tag}
 	ip := func(args ...string) {
 		t.Helper()
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
@@ -92,7 +97,7 @@ func NewFakeInternet(t testing.TB) *FakeInternet {
 }
 
 // Host gives the fake internet the address a (in InternetPrefix).
-func (fi *FakeInternet) Host(a string) netip.Addr {
+func (fi *Internet) Host(a string) netip.Addr {
 	fi.t.Helper()
 	addr := netip.MustParseAddr(a)
 	if !InternetPrefix.Contains(addr) {
@@ -109,7 +114,7 @@ func (fi *FakeInternet) Host(a string) netip.Addr {
 // a private or link-local range, to test that sandboxes cannot reach it)
 // into the fake internet too, checked like the main route; its first
 // address becomes a host there.
-func (fi *FakeInternet) Route(p string) netip.Addr {
+func (fi *Internet) Route(p string) netip.Addr {
 	fi.t.Helper()
 	pfx := netip.MustParsePrefix(p)
 	out, err := exec.Command("ip", "route", "add", pfx.String(), "via", "192.0.0.10", "dev", fi.hostIf).CombinedOutput()
@@ -129,7 +134,7 @@ func (fi *FakeInternet) Route(p string) netip.Addr {
 
 // Listen opens a TCP listener inside the fake internet at addr
 // ("203.0.113.10:80"), giving the namespace the address first.
-func (fi *FakeInternet) Listen(addr string) net.Listener {
+func (fi *Internet) Listen(addr string) net.Listener {
 	fi.t.Helper()
 	ap := netip.MustParseAddrPort(addr)
 	if InternetPrefix.Contains(ap.Addr()) {
@@ -142,7 +147,7 @@ func (fi *FakeInternet) Listen(addr string) net.Listener {
 }
 
 // ListenPacket opens a UDP socket inside the fake internet at addr.
-func (fi *FakeInternet) ListenPacket(addr string) net.PacketConn {
+func (fi *Internet) ListenPacket(addr string) net.PacketConn {
 	fi.t.Helper()
 	ap := netip.MustParseAddrPort(addr)
 	fi.Host(ap.Addr().String())
@@ -152,55 +157,27 @@ func (fi *FakeInternet) ListenPacket(addr string) net.PacketConn {
 	return pc
 }
 
-func (fi *FakeInternet) in(fn func() error) {
+func (fi *Internet) in(fn func() error) {
 	fi.t.Helper()
-	if err := InNetNS(fi.ns, fn); err != nil {
+	if err := netns.Do(fi.ns, fn); err != nil {
 		fi.t.Fatal(err)
 	}
 }
 
-// InNetNS runs fn on a thread inside the network namespace ns: sockets
-// made there stay in it.
-func InNetNS(ns *os.File, fn func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		// The thread is never unlocked: if setting it back failed, it
-		// must not run other goroutines, and the runtime ends it when
-		// this goroutine returns.
-		self, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer self.Close()
-		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- err
-			return
-		}
-		err = fn()
-		if serr := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); serr == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
-}
-
-// FakeDNS is an authoritative resolver on the fake internet: it answers A
+// DNS is an authoritative resolver on the fake internet: it answers A
 // queries for the names it was given and NXDOMAIN for the rest, and
 // remembers every name it was asked.
-type FakeDNS struct {
+type DNS struct {
 	Addr string // host:port, for --dns-upstream
 	mu   sync.Mutex
 	seen []string
 }
 
-// DNS starts a FakeDNS on UDP and TCP at addr ("203.0.113.53:53") with
+// DNS starts a resolver on UDP and TCP at addr ("203.0.113.53:53") with
 // records name -> IPv4 address.
-func (fi *FakeInternet) DNS(addr string, records map[string]string) *FakeDNS {
+func (fi *Internet) DNS(addr string, records map[string]string) *DNS {
 	fi.t.Helper()
-	d := &FakeDNS{Addr: addr}
+	d := &DNS{Addr: addr}
 	h := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
 		r := new(dns.Msg)
 		r.SetReply(q)
@@ -231,7 +208,7 @@ func (fi *FakeInternet) DNS(addr string, records map[string]string) *FakeDNS {
 }
 
 // Asked reports whether any query named name.
-func (d *FakeDNS) Asked(name string) bool {
+func (d *DNS) Asked(name string) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return slices.Contains(d.seen, name)
