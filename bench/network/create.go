@@ -3,14 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"os"
-	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/warrenhq/warren/api"
-	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/internal/daemon"
 )
 
@@ -26,27 +22,10 @@ func runCreate(rounds int) error {
 	defer os.RemoveAll(dir)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	cfg := daemon.UpConfig{
-		DataDir: dir, Listen: "127.0.0.1:0",
-		Log:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		ImageCache: filepath.Join(dir, "no-images"),
-		Network:    daemon.NetworkConfig{Name: "bench", Pool: "10.213.250.0/24", DNSUpstream: "127.0.0.1:1"},
-	}
-	cfg.Fn.Disabled = true
-	ready, done := make(chan string, 1), make(chan error, 1)
-	cfg.Ready = func(addr string) { ready <- addr }
-	go func() { done <- daemon.Up(ctx, cfg) }()
-	var addr string
-	select {
-	case addr = <-ready:
-	case err := <-done:
-		return fmt.Errorf("warren up: %w", err)
-	}
-	tok, err := os.ReadFile(filepath.Join(dir, daemon.AdminTokenFile))
+	c, err := upWarren(ctx, dir, &daemon.NetworkConfig{Name: "bench", Pool: "10.213.250.0/24", DNSUpstream: "127.0.0.1:1"})
 	if err != nil {
 		return err
 	}
-	c := client.New("http://"+addr, strings.TrimSpace(string(tok)))
 	nodes, err := c.ListNodes(ctx)
 	if err != nil {
 		return err

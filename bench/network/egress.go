@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -23,7 +24,41 @@ const (
 	fiNS, fiIf = "wbnfi", "wbnfi0"
 	sinkAddr   = "203.0.113.10:9000" // reads and discards
 	acceptAddr = "203.0.113.10:9001" // accepts and closes
+	// tlsAddr reads a TLS record (a ClientHello), answers one byte, then
+	// reads and discards: what the Host/SNI proxy lets through to an
+	// allowed name's address after checking its SNI.
+	tlsAddr = "203.0.113.10:443"
 )
+
+// clientHello is a ClientHello naming pypi.org, as crypto/tls sends it.
+func clientHello() ([]byte, error) {
+	a, b := net.Pipe()
+	go tls.Client(a, &tls.Config{ServerName: "pypi.org"}).Handshake()
+	defer a.Close()
+	defer b.Close()
+	hdr := make([]byte, 5)
+	if _, err := io.ReadFull(b, hdr); err != nil {
+		return nil, err
+	}
+	body := make([]byte, int(hdr[3])<<8|int(hdr[4]))
+	if _, err := io.ReadFull(b, body); err != nil {
+		return nil, err
+	}
+	return append(hdr, body...), nil
+}
+
+// helloServer serves tlsAddr's protocol on c.
+func helloServer(c net.Conn) {
+	hdr := make([]byte, 5)
+	if _, err := io.ReadFull(c, hdr); err != nil {
+		return
+	}
+	if _, err := io.CopyN(io.Discard, c, int64(hdr[3])<<8|int64(hdr[4])); err != nil {
+		return
+	}
+	c.Write([]byte("k"))
+	io.Copy(io.Discard, c)
+}
 
 func ipCmd(args ...string) error {
 	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
@@ -76,9 +111,12 @@ func fakeInternet() (func(), error) {
 		return nil, err
 	}
 	defer ns.Close()
-	var sink, acc net.Listener
+	var sink, acc, hello net.Listener
 	if err := netns.Do(ns, func() (err error) {
 		if sink, err = net.Listen("tcp4", sinkAddr); err != nil {
+			return err
+		}
+		if hello, err = net.Listen("tcp4", tlsAddr); err != nil {
 			return err
 		}
 		acc, err = net.Listen("tcp4", acceptAddr)
@@ -89,7 +127,8 @@ func fakeInternet() (func(), error) {
 	}
 	go serve(sink, func(c net.Conn) { io.Copy(io.Discard, c) })
 	go serve(acc, func(net.Conn) {})
-	return func() { sink.Close(); acc.Close(); cleanup() }, nil
+	go serve(hello, helloServer)
+	return func() { sink.Close(); acc.Close(); hello.Close(); cleanup() }, nil
 }
 
 func serve(ln net.Listener, f func(net.Conn)) {
@@ -142,30 +181,65 @@ func plainPeer() (*os.File, func(), error) {
 // policyPeer is a namespace given a veth and policy p by the node's
 // network manager, as a sandbox is.
 func policyPeer(m *egress.Manager, name string, p api.NetworkPolicy) (*os.File, func(), error) {
+	f, _, stop, err := policyPeerAt(m, name, p)
+	return f, stop, err
+}
+
+// policyPeerAt is policyPeer that also returns the peer's address.
+func policyPeerAt(m *egress.Manager, name string, p api.NetworkPolicy) (*os.File, netip.Addr, func(), error) {
 	ns := "wbn" + name
 	exec.Command("ip", "netns", "del", ns).Run()
+	var none netip.Addr
 	if err := ipAll([]string{"netns", "add", ns}, []string{"-n", ns, "link", "set", "lo", "up"}); err != nil {
-		return nil, nil, err
+		return nil, none, nil, err
 	}
 	f, err := os.Open("/run/netns/" + ns)
 	if err != nil {
-		return nil, nil, err
+		return nil, none, nil, err
 	}
 	pol, err := netpolicy.Parse(p)
 	if err != nil {
-		return nil, nil, err
+		return nil, none, nil, err
 	}
-	if _, err := m.Attach(context.Background(), name, f, pol, netip.Addr{}); err != nil {
-		return nil, nil, err
+	addr, err := m.Attach(context.Background(), name, f, pol, netip.Addr{})
+	if err != nil {
+		return nil, none, nil, err
 	}
-	return f, func() { m.Detach(name); f.Close(); exec.Command("ip", "netns", "del", ns).Run() }, nil
+	return f, addr, func() { m.Detach(name); f.Close(); exec.Command("ip", "netns", "del", ns).Run() }, nil
 }
 
-// throughput sends size bytes from inside ns to the sink: MB/s.
-func throughput(ns *os.File, size int) (float64, error) {
+// target is what a peer talks to: the raw sink and accept servers, or
+// the TLS one with a ClientHello first.
+type target struct {
+	sink, accept string
+	hello        []byte
+}
+
+// open connects to addr and, for a TLS target, sends the ClientHello and
+// waits for the server's byte.
+func (tg target) open(addr string) (net.Conn, error) {
+	c, err := net.DialTimeout("tcp4", addr, 5*time.Second)
+	if err != nil || tg.hello == nil {
+		return c, err
+	}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write(tg.hello); err != nil {
+		c.Close()
+		return nil, err
+	}
+	if _, err := io.ReadFull(c, make([]byte, 1)); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("%s refused the ClientHello: %w", addr, err)
+	}
+	c.SetDeadline(time.Time{})
+	return c, nil
+}
+
+// throughput sends size bytes from inside ns to the target's sink: MB/s.
+func throughput(ns *os.File, tg target, size int) (float64, error) {
 	var mbps float64
 	err := netns.Do(ns, func() error {
-		c, err := net.DialTimeout("tcp4", sinkAddr, 5*time.Second)
+		c, err := tg.open(tg.sink)
 		if err != nil {
 			return err
 		}
@@ -185,17 +259,20 @@ func throughput(ns *os.File, size int) (float64, error) {
 	return mbps, err
 }
 
-// connRate opens and closes connections to the accept server from inside
-// ns for d: connections per second.
-func connRate(ns *os.File, d time.Duration) (float64, error) {
+// connRate opens and closes connections to the target's accept server
+// from inside ns for d: connections per second.
+func connRate(ns *os.File, tg target, d time.Duration) (float64, error) {
 	var rate float64
 	err := netns.Do(ns, func() error {
 		n, t0 := 0, time.Now()
 		for time.Since(t0) < d {
-			c, err := net.DialTimeout("tcp4", acceptAddr, 5*time.Second)
+			c, err := tg.open(tg.accept)
 			if err != nil {
 				return err
 			}
+			// A reset, not a FIN: no TIME_WAIT piles up in the peer's
+			// port space from one round to the next.
+			c.(*net.TCPConn).SetLinger(0)
 			c.Close()
 			n++
 		}
@@ -219,6 +296,7 @@ func runEgress(rounds int) error {
 	type peer struct {
 		name string
 		ns   *os.File
+		tg   target
 		mbps []float64
 		cps  []float64
 	}
@@ -237,20 +315,42 @@ func runEgress(rounds int) error {
 		return err
 	}
 	defer stopOpen()
-	peers := []*peer{{name: "veth+NAT", ns: plain}, {name: "allowlist", ns: allow}, {name: "open", ns: open}}
+	// HTTPS to an allowed name goes through the Host/SNI proxy: a peer
+	// whose policy names pypi.org, and its address as the DNS proxy would
+	// have learned it.
+	proxied, at, stopProxied, err := policyPeerAt(m, "sni", api.NetworkPolicy{Allow: []string{"pypi.org"}})
+	if err != nil {
+		return err
+	}
+	defer stopProxied()
+	if !m.Lookup(at).Learn("pypi.org", netip.MustParseAddr("203.0.113.10"), time.Hour) {
+		return fmt.Errorf("pypi.org's address not learned")
+	}
+	hello, err := clientHello()
+	if err != nil {
+		return err
+	}
+	raw := target{sink: sinkAddr, accept: acceptAddr}
+	tlsT := target{sink: tlsAddr, accept: tlsAddr, hello: hello}
+	peers := []*peer{
+		{name: "veth+NAT", ns: plain, tg: raw}, {name: "allowlist", ns: allow, tg: raw}, {name: "open", ns: open, tg: raw},
+		{name: "TLS, open", ns: open, tg: tlsT}, {name: "TLS, SNI proxy", ns: proxied, tg: tlsT},
+	}
 	const size = 512 << 20
 	for _, p := range peers { // warm-up
-		if _, err := throughput(p.ns, 16<<20); err != nil {
+		if _, err := throughput(p.ns, p.tg, 16<<20); err != nil {
 			return fmt.Errorf("%s: %w", p.name, err)
 		}
 	}
 	for r := 0; r < rounds; r++ {
-		for _, p := range peers {
-			mbps, err := throughput(p.ns, size)
+		// Rotated, so that no peer always runs first or last.
+		for i := range peers {
+			p := peers[(i+r)%len(peers)]
+			mbps, err := throughput(p.ns, p.tg, size)
 			if err != nil {
 				return fmt.Errorf("%s: %w", p.name, err)
 			}
-			cps, err := connRate(p.ns, 2*time.Second)
+			cps, err := connRate(p.ns, p.tg, 2*time.Second)
 			if err != nil {
 				return fmt.Errorf("%s: %w", p.name, err)
 			}
@@ -258,10 +358,15 @@ func runEgress(rounds int) error {
 		}
 	}
 	fmt.Printf("   TCP to a fake internet host: %d MiB per round, then 2s of connect+close; %d rounds, median (min-max)\n", size>>20, rounds)
-	fmt.Printf("   %-10s %26s %10s %26s %10s\n", "peer", "MB/s", "vs peer", "connections/s", "vs peer")
-	for _, p := range peers {
-		fmt.Printf("   %-10s %26s %9.2fx %26s %9.2fx\n", p.name, medianSpread(p.mbps, "%.0f"), median(p.mbps)/median(peers[0].mbps),
-			medianSpread(p.cps, "%.0f"), median(p.cps)/median(peers[0].cps))
+	fmt.Printf("   (the TLS peers send a ClientHello and wait for one byte first; vs peer: veth+NAT, and TLS, open for the proxy)\n")
+	fmt.Printf("   %-15s %22s %9s %22s %9s\n", "peer", "MB/s", "vs peer", "connections/s", "vs peer")
+	for i, p := range peers {
+		base := peers[0]
+		if i == 4 {
+			base = peers[3]
+		}
+		fmt.Printf("   %-15s %22s %8.2fx %22s %8.2fx\n", p.name, medianSpread(p.mbps, "%.0f"), median(p.mbps)/median(base.mbps),
+			medianSpread(p.cps, "%.0f"), median(p.cps)/median(base.cps))
 	}
 	return nil
 }

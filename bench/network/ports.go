@@ -90,7 +90,7 @@ func runPorts(rounds int) error {
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("build portserver: %v: %s", err, out)
 	}
-	c, err := upWarren(ctx, filepath.Join(dir, "warren"))
+	c, err := upWarren(ctx, filepath.Join(dir, "warren"), nil)
 	if err != nil {
 		return err
 	}

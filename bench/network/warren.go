@@ -14,8 +14,8 @@ import (
 
 // upWarren runs `warren up` in this process on dataDir, without FnCall or
 // runtime images (nothing in the background), until ctx ends, and returns
-// a client of it.
-func upWarren(ctx context.Context, dataDir string) (*client.Client, error) {
+// a client of it. Its sandboxes get no network unless net says how.
+func upWarren(ctx context.Context, dataDir string, net *daemon.NetworkConfig) (*client.Client, error) {
 	cfg := daemon.UpConfig{
 		DataDir:    dataDir,
 		Listen:     "127.0.0.1:0",
@@ -24,6 +24,9 @@ func upWarren(ctx context.Context, dataDir string) (*client.Client, error) {
 	}
 	cfg.Fn.Disabled = true
 	cfg.Network.Off = true // sandboxes with no network: nothing else to set up
+	if net != nil {
+		cfg.Network = *net
+	}
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
 	cfg.Ready = func(addr string) { ready <- addr }
