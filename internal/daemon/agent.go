@@ -172,7 +172,7 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	var netProblem string
 	if cfg.Simulated == nil { // a simulated node has no namespaces to network
 		var stopNetwork func()
-		network, netProblem, stopNetwork = startNetwork(ctx, cfg.Network, append(slices.Clone(cfg.APIServers), cfg.Etcd...), log)
+		network, netProblem, stopNetwork = startNetwork(ctx, cfg.Network, filepath.Join(nodeDir, "network"), append(slices.Clone(cfg.APIServers), cfg.Etcd...), log)
 		defer stopNetwork()
 	}
 	agent, err := node.New(ctx, node.Config{

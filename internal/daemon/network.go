@@ -36,12 +36,12 @@ type NetworkConfig struct {
 // nftables, another agent on the same pool) gets a node without one and
 // a problem line saying why, not a failed start: sandboxes without a
 // network are most of the work.
-func startNetwork(ctx context.Context, cfg NetworkConfig, platform []string, log *slog.Logger) (n node.Network, problem string, stop func()) {
+func startNetwork(ctx context.Context, cfg NetworkConfig, stateDir string, platform []string, log *slog.Logger) (n node.Network, problem string, stop func()) {
 	stop = func() {}
 	if cfg.Off {
 		return nil, "turned off (--no-network)", stop
 	}
-	ec := egress.Config{Name: cfg.Name, DNSUpstream: cfg.DNSUpstream, Log: log}
+	ec := egress.Config{Name: cfg.Name, DNSUpstream: cfg.DNSUpstream, StateDir: stateDir, Log: log}
 	if cfg.Pool != "" {
 		p, err := netip.ParsePrefix(cfg.Pool)
 		if err != nil {

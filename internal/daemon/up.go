@@ -112,7 +112,7 @@ func Up(ctx context.Context, cfg UpConfig) error {
 		return err
 	}
 	cache := image.NewCache(filepath.Join(nodeDir, "cache"), imgs.blobs)
-	network, netProblem, stopNetwork := startNetwork(ctx, cfg.Network, nil, log)
+	network, netProblem, stopNetwork := startNetwork(ctx, cfg.Network, filepath.Join(nodeDir, "network"), nil, log)
 	defer stopNetwork()
 	agent, err := node.New(ctx, node.Config{
 		ID:             nodeID,

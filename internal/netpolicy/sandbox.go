@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -229,6 +230,37 @@ func (s *Sandbox) Learned() []LearnedAddr {
 		out = append(out, LearnedAddr{Addr: a, AnyPort: anyPort, Ports: ports, Expires: l.expires})
 	}
 	slices.SortFunc(out, func(a, b LearnedAddr) int { return a.Addr.Compare(b.Addr) })
+	return out
+}
+
+// Answer is one name's answer the sandbox keeps: the name resolved to
+// Addr, which it may reach until Expires.
+type Answer struct {
+	Name    string     `json:"name"`
+	Addr    netip.Addr `json:"addr"`
+	Expires time.Time  `json:"expires"`
+}
+
+// Answers lists the live answers, for a later process of the agent to
+// Learn again.
+func (s *Sandbox) Answers() []Answer {
+	now := time.Now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Answer
+	for a, l := range s.learned {
+		for n, t := range l.names {
+			if t.After(now) {
+				out = append(out, Answer{Name: n, Addr: a, Expires: t})
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b Answer) int {
+		if c := a.Addr.Compare(b.Addr); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
 	return out
 }
 

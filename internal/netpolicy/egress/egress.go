@@ -60,6 +60,11 @@ type Config struct {
 	// DoH are public DNS-over-HTTPS resolvers, refused on 443 whatever
 	// the policy; default the well-known ones.
 	DoH []netip.Addr
+	// StateDir keeps what the sandboxes' names resolved to across a
+	// restart of the agent (answers.json, written by Close): without it
+	// a restarted agent would reset their connections to those addresses.
+	// Empty: not kept.
+	StateDir string
 	Log *slog.Logger
 }
 
@@ -76,6 +81,7 @@ type Manager struct {
 	boxes map[string]*attached // by sandbox id
 	slots map[int]string       // slot -> sandbox id
 	next  int
+	saved map[string][]netpolicy.Answer // an earlier process's, by sandbox id, until adopted
 }
 
 type closer interface{ Close() error }
@@ -157,6 +163,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		return fail(unavailable("network: %v", err))
 	}
 	m.fw = fw
+	m.saved = loadAnswers(cfg.StateDir, cfg.Log)
 	return m, nil
 }
 
@@ -227,10 +234,14 @@ func (m *Manager) listen(ctx context.Context) ([3]uint16, error) {
 	return ports, nil
 }
 
-// Close stops the proxies and removes the firewall table; veths are left
-// to the sandboxes (a restarted agent re-adopts them, Adopt).
+// Close stops the proxies, saves the sandboxes' answers (Config.StateDir)
+// and removes the firewall table; veths are left to the sandboxes (a
+// restarted agent re-adopts them, Adopt).
 func (m *Manager) Close() error {
 	var errs []error
+	if m.fw != nil {
+		errs = append(errs, m.saveAnswers())
+	}
 	for _, l := range m.listeners {
 		errs = append(errs, l.Close())
 	}
@@ -329,6 +340,7 @@ func (m *Manager) Attach(ctx context.Context, id string, ns *os.File, p *netpoli
 	m.mu.Lock()
 	m.boxes[id] = a
 	m.mu.Unlock()
+	m.restoreAnswers(a.sb)
 	return a.sb.Addr, nil
 }
 
@@ -355,6 +367,7 @@ func (m *Manager) Adopt(ctx context.Context, id string, ns func() (*os.File, err
 			m.mu.Lock()
 			m.boxes[id] = a
 			m.mu.Unlock()
+			m.restoreAnswers(a.sb)
 			return addr, nil
 		}
 		m.mu.Unlock()

@@ -383,3 +383,40 @@ func TestEgressResolversAndLearned(t *testing.T) {
 	}
 	mustNotReach(t, ns, "203.0.113.30:22")
 }
+
+// TestAnswersSurviveRestart: a restarted agent keeps letting a sandbox
+// reach what its names resolved to, also on connections already open.
+func TestAnswersSurviveRestart(t *testing.T) {
+	dir := t.TempDir()
+	m := newManager(t, netpolicy.Fence{}, func(c *Config) { c.StateDir = dir })
+	fi := fakenet.New(t)
+	echo(fi.Listen("203.0.113.30:22"))
+	ns := sandboxNS(t)
+	ctx := context.Background()
+	pol := policy(t, api.NetworkPolicy{Allow: []string{"pypi.org"}})
+	addr, err := m.Attach(ctx, "sbx-s", ns, pol, netip.Addr{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Lookup(addr).Learn("pypi.org", netip.MustParseAddr("203.0.113.30"), time.Hour)
+	held := mustReach(t, ns, "203.0.113.30:22")
+	defer held.Close()
+
+	cfg := m.Config()
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	m2, err := New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m2.Close()
+	if _, err := m2.Adopt(ctx, "sbx-s", func() (*os.File, error) { return nil, errors.New("the veth should still be there") }, pol, addr); err != nil {
+		t.Fatal(err)
+	}
+	roundTrip(t, held)
+	mustReach(t, ns, "203.0.113.30:22").Close()
+	if !m2.Lookup(addr).Resolved("pypi.org", netip.MustParseAddr("203.0.113.30")) {
+		t.Error("the restarted manager forgot what pypi.org resolved to (the SNI proxy would refuse it)")
+	}
+}

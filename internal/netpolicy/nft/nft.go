@@ -28,6 +28,7 @@
 package nft
 
 import (
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -95,6 +96,12 @@ func Open(cfg Config) (*Firewall, error) {
 		return nil, fmt.Errorf("nftables: %w", err)
 	}
 	f := &Firewall{cfg: cfg, c: c, t: &nftables.Table{Name: cfg.Table, Family: nftables.TableFamilyINet}, boxes: map[*netpolicy.Sandbox]*box{}}
+	// Generations start anywhere: an earlier process's marks on open
+	// connections then rarely match this one's, and a connection whose
+	// mark does not is checked against the policy again, as after a change.
+	var g [4]byte
+	rand.Read(g[:])
+	f.gen = binary.BigEndian.Uint32(g[:])
 	// Delete the old table in its own batch: it may not exist.
 	if _, err := c.ListTableOfFamily(cfg.Table, nftables.TableFamilyINet); err == nil {
 		c.DelTable(f.t)
