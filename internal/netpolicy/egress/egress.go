@@ -65,7 +65,7 @@ type Config struct {
 	// a restarted agent would reset their connections to those addresses.
 	// Empty: not kept.
 	StateDir string
-	Log *slog.Logger
+	Log      *slog.Logger
 }
 
 // Manager is one node's sandbox network.
