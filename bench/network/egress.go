@@ -292,7 +292,7 @@ func runEgress(rounds int) error {
 	if err != nil {
 		return err
 	}
-	defer m.Close()
+	defer m.Teardown()
 	type peer struct {
 		name string
 		ns   *os.File

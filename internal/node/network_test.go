@@ -141,7 +141,7 @@ func TestContainerNetwork(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { m2.Close() })
+		t.Cleanup(func() { m2.Teardown() })
 		a2 := n.start(func(c *Config) { c.Network = m2 })
 		if out, code := sh(t, a2, id, get("203.0.113.11", 5)); code != 0 || !strings.Contains(out, "eleven") {
 			t.Fatalf("after the agent restarted: exit %d, %q", code, out)

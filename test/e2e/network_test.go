@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/big"
 	"net/http"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -31,9 +32,13 @@ func TestUpNetwork(t *testing.T) {
 	b := make([]byte, 2)
 	rand.Read(b)
 	k, _ := rand.Int(rand.Reader, big.NewInt(100))
+	name := "e" + hex.EncodeToString(b)
+	// The rules outlive warren up (sandboxes keep their policies while no
+	// agent runs); this test's go with it.
+	t.Cleanup(func() { exec.Command("nft", "delete", "table", "inet", "warren_"+name).Run() })
 	c := &cluster{t: t, bin: warrenBin(t), dataDir: t.TempDir(), addr: freeAddr(t), args: []string{
 		"--dns-upstream", d.Addr,
-		"--network-name", "e" + hex.EncodeToString(b),
+		"--network-name", name,
 		"--network-pool", fmt.Sprintf("10.213.%d.0/24", 10+k.Int64()),
 	}}
 	c.start()

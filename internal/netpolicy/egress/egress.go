@@ -234,9 +234,11 @@ func (m *Manager) listen(ctx context.Context) ([3]uint16, error) {
 	return ports, nil
 }
 
-// Close stops the proxies, saves the sandboxes' answers (Config.StateDir)
-// and removes the firewall table; veths are left to the sandboxes (a
-// restarted agent re-adopts them, Adopt).
+// Close stops the proxies and saves the sandboxes' answers
+// (Config.StateDir). The firewall's rules stay in force and the veths stay
+// with the sandboxes, which keep their policies while no agent runs: a
+// restarted agent replaces the rules in one transaction and re-adopts the
+// sandboxes (Adopt). Teardown removes the rules too.
 func (m *Manager) Close() error {
 	var errs []error
 	if m.fw != nil {
@@ -255,6 +257,18 @@ func (m *Manager) Close() error {
 	}
 	m.locks = nil
 	return errors.Join(errs...)
+}
+
+// Teardown is Close, and deletes the firewall table (tests, and hosts
+// giving up sandbox networks): sandboxes still attached lose their
+// network.
+func (m *Manager) Teardown() error {
+	fw := m.fw
+	err := m.Close()
+	if fw != nil {
+		err = errors.Join(err, fw.Destroy())
+	}
+	return err
 }
 
 // Lookup finds a networked sandbox by its address (for the proxies).

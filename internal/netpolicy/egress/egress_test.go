@@ -51,7 +51,7 @@ func newManager(t *testing.T, fence netpolicy.Fence, mod ...func(*Config)) *Mana
 		if err != nil {
 			testutil.Unavailable(t, "network: %v", err)
 		}
-		t.Cleanup(func() { m.Close() })
+		t.Cleanup(func() { m.Teardown() })
 		return m
 	}
 	t.Fatal("no free test pool")
@@ -401,16 +401,23 @@ func TestAnswersSurviveRestart(t *testing.T) {
 	m.Lookup(addr).Learn("pypi.org", netip.MustParseAddr("203.0.113.30"), time.Hour)
 	held := mustReach(t, ns, "203.0.113.30:22")
 	defer held.Close()
+	echo(fi.Listen("203.0.113.31:22"))
+	private := fi.Route("10.99.0.5/32")
+	echo(fi.Listen(private.String() + ":22"))
 
 	cfg := m.Config()
 	if err := m.Close(); err != nil {
 		t.Fatal(err)
 	}
+	// No agent: the sandbox keeps its policy, not an open door.
+	roundTrip(t, held)
+	mustNotReach(t, ns, "203.0.113.31:22")
+	mustNotReach(t, ns, private.String()+":22")
 	m2, err := New(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer m2.Close()
+	defer m2.Teardown()
 	if _, err := m2.Adopt(ctx, "sbx-s", func() (*os.File, error) { return nil, errors.New("the veth should still be there") }, pol, addr); err != nil {
 		t.Fatal(err)
 	}

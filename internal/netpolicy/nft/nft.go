@@ -102,12 +102,12 @@ func Open(cfg Config) (*Firewall, error) {
 	var g [4]byte
 	rand.Read(g[:])
 	f.gen = binary.BigEndian.Uint32(g[:])
-	// Delete the old table in its own batch: it may not exist.
+	// An earlier process's table goes in the same transaction that
+	// installs the new one: its sandboxes' veths are never without rules
+	// (until they are added back, their traffic meets the new table's
+	// drop for interfaces it does not know).
 	if _, err := c.ListTableOfFamily(cfg.Table, nftables.TableFamilyINet); err == nil {
 		c.DelTable(f.t)
-		if err := c.Flush(); err != nil {
-			return nil, fmt.Errorf("nftables: delete old table %s: %w", cfg.Table, err)
-		}
 	}
 	if err := f.base(); err != nil {
 		return nil, err
@@ -118,8 +118,16 @@ func Open(cfg Config) (*Firewall, error) {
 	return f, nil
 }
 
-// Close deletes the table: sandboxes left behind lose their network.
+// Close lets go of the table and leaves it in force: the sandboxes that
+// outlive the agent keep exactly their rules until the next Open replaces
+// them (a table deleted instead would leave their veths with no rules at
+// all: unfiltered and unmasqueraded).
 func (f *Firewall) Close() error {
+	return f.c.CloseLasting()
+}
+
+// Destroy deletes the table: every sandbox on it loses its network.
+func (f *Firewall) Destroy() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.c.DelTable(f.t)

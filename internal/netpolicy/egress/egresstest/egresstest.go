@@ -55,7 +55,7 @@ func New(t testing.TB, fence netpolicy.Fence, mod ...func(*egress.Config)) *egre
 		if err != nil {
 			testutil.Unavailable(t, "network: %v", err)
 		}
-		t.Cleanup(func() { m.Close() })
+		t.Cleanup(func() { m.Teardown() })
 		return m
 	}
 	t.Fatal("no free test network pool")
