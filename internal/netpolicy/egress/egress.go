@@ -25,6 +25,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -61,9 +62,9 @@ type Config struct {
 	// the policy; default the well-known ones.
 	DoH []netip.Addr
 	// StateDir keeps what the sandboxes' names resolved to across a
-	// restart of the agent (answers.json, written by Close): without it
-	// a restarted agent would reset their connections to those addresses.
-	// Empty: not kept.
+	// restart of the agent (answers.json, written every SaveInterval and
+	// by Close): without it a restarted agent would reset their
+	// connections to those addresses. Empty: not kept.
 	StateDir string
 	Log      *slog.Logger
 }
@@ -82,7 +83,14 @@ type Manager struct {
 	slots map[int]string       // slot -> sandbox id
 	next  int
 	saved map[string][]netpolicy.Answer // an earlier process's, by sandbox id, until adopted
+
+	stop chan struct{} // ends saveLoop
+	done chan struct{}
 }
+
+// SaveInterval is how often the sandboxes' DNS answers are saved, so that
+// even an agent killed without a clean stop loses at most this much.
+const SaveInterval = 15 * time.Second
 
 type closer interface{ Close() error }
 
@@ -164,7 +172,27 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	}
 	m.fw = fw
 	m.saved = loadAnswers(cfg.StateDir, cfg.Log)
+	if cfg.StateDir != "" {
+		m.stop, m.done = make(chan struct{}), make(chan struct{})
+		go m.saveLoop()
+	}
 	return m, nil
+}
+
+func (m *Manager) saveLoop() {
+	defer close(m.done)
+	t := time.NewTicker(SaveInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+			if err := m.saveAnswers(); err != nil {
+				m.cfg.Log.Warn("network: save DNS answers", "err", err)
+			}
+		}
+	}
 }
 
 // lock takes an exclusive flock on path, or says who holds it.
@@ -241,6 +269,11 @@ func (m *Manager) listen(ctx context.Context) ([3]uint16, error) {
 // sandboxes (Adopt). Teardown removes the rules too.
 func (m *Manager) Close() error {
 	var errs []error
+	if m.stop != nil {
+		close(m.stop)
+		<-m.done
+		m.stop = nil
+	}
 	if m.fw != nil {
 		errs = append(errs, m.saveAnswers())
 	}
