@@ -288,12 +288,20 @@ func (pr *pair) add(c net.Conn) bool {
 	return true
 }
 
+// Close ends both ends abortively (a reset, as the firewall answers a
+// connection a policy change refuses): an error on one side is passed on
+// as an error, and no TIME_WAIT is left on the node's ports, which a
+// sandbox opening connections fast would otherwise use up (each
+// destination's ephemeral ports last a minute in TIME_WAIT).
 func (pr *pair) Close() error {
 	pr.mu.Lock()
 	pr.closed = true
 	cs := pr.conns
 	pr.mu.Unlock()
 	for _, c := range cs {
+		if tc, ok := c.(*net.TCPConn); ok {
+			tc.SetLinger(0)
+		}
 		c.Close()
 	}
 	return nil
