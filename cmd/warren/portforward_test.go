@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -10,7 +9,6 @@ import (
 	"net/http/httptest"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,24 +16,8 @@ import (
 	"github.com/warrenhq/warren/internal/apiserver"
 	"github.com/warrenhq/warren/internal/image/imagetest"
 	"github.com/warrenhq/warren/internal/node/nodetest"
+	"github.com/warrenhq/warren/internal/testutil"
 )
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func TestPortForward(t *testing.T) {
 	agent, fb := nodetest.NewFake(t, nil)
@@ -50,8 +32,8 @@ func TestPortForward(t *testing.T) {
 	}
 	nodetest.ServePorts(t, fb, sb.ID, 8000, 9000)
 	vars := map[string]string{"WARREN_ADDR": srv.URL, "WARREN_TOKEN": "tok", "WARREN_DATA_DIR": t.TempDir()}
-	start := func(args ...string) (stdout, stderr *syncBuffer, stop func() int) {
-		stdout, stderr = &syncBuffer{}, &syncBuffer{}
+	start := func(args ...string) (stdout, stderr *testutil.SyncBuffer, stop func() int) {
+		stdout, stderr = &testutil.SyncBuffer{}, &testutil.SyncBuffer{}
 		a := &app{stdin: strings.NewReader(""), stdout: stdout, stderr: stderr, getenv: func(k string) string { return vars[k] }}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan int, 1)

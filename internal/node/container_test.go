@@ -1,7 +1,6 @@
 package node
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -9,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -37,7 +35,7 @@ type containerNode struct {
 	id     string
 	layer  backend.Layer
 	parent string
-	logs   *syncBuffer
+	logs   *testutil.SyncBuffer
 }
 
 func newContainerNode(t *testing.T) *containerNode {
@@ -47,7 +45,7 @@ func newContainerNode(t *testing.T) *containerNode {
 	rand.Read(b[:])
 	id := "t" + hex.EncodeToString(b[:])
 	n := &containerNode{t: t, dir: t.TempDir(), id: id, layer: imagetest.BusyboxLayer(t),
-		parent: "/warren-test/" + id, logs: &syncBuffer{}}
+		parent: "/warren-test/" + id, logs: &testutil.SyncBuffer{}}
 	t.Cleanup(n.cleanup)
 	return n
 }
@@ -102,23 +100,6 @@ func (n *containerNode) cleanup() {
 type fixedLayer struct{ l backend.Layer }
 
 func (f fixedLayer) Fetch(context.Context, string) (backend.Layer, error) { return f.l, nil }
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // The case on real containers: an exec longer than the idle
 // timeout runs to its end, and the idle clock starts after it.

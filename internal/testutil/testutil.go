@@ -5,10 +5,12 @@
 package testutil
 
 import (
+	"bytes"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -95,4 +97,23 @@ func Scale(d time.Duration) time.Duration {
 		return d
 	}
 	return time.Duration(float64(d) * f)
+}
+
+// SyncBuffer is a bytes.Buffer safe for concurrent writes and reads: a
+// log or a subprocess's output that a test reads while it is written.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -16,8 +16,8 @@ import (
 
 const ifnameLen = unix.IFNAMSIZ
 
-// ifname pads a device name as nftables keys and compares them.
-func ifname(n string) []byte {
+// padIfname pads a device name as nftables keys and compares them.
+func padIfname(n string) []byte {
 	b := make([]byte, ifnameLen)
 	copy(b, n)
 	return b

@@ -246,10 +246,10 @@ func (f *Firewall) Put(sb *netpolicy.Sandbox, slot int, ifname string) error {
 	}
 	if fresh {
 		key := ifname
-		if err := f.c.SetAddElements(f.fwd, []nftables.SetElement{{Key: ifnameKey(key), VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: sName}}}); err != nil {
+		if err := f.c.SetAddElements(f.fwd, []nftables.SetElement{{Key: padIfname(key), VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: sName}}}); err != nil {
 			return err
 		}
-		if err := f.c.SetAddElements(f.nat, []nftables.SetElement{{Key: ifnameKey(key), VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: nName}}}); err != nil {
+		if err := f.c.SetAddElements(f.nat, []nftables.SetElement{{Key: padIfname(key), VerdictData: &expr.Verdict{Kind: expr.VerdictJump, Chain: nName}}}); err != nil {
 			return err
 		}
 	}
@@ -259,8 +259,6 @@ func (f *Firewall) Put(sb *netpolicy.Sandbox, slot int, ifname string) error {
 	f.boxes[sb] = b
 	return nil
 }
-
-func ifnameKey(n string) []byte { return ifname(n) }
 
 // rules writes the sandbox's four chains.
 func (f *Firewall) rules(sb *netpolicy.Sandbox, b *box, gen uint32, s, p, x, n *nftables.Chain) {
@@ -383,7 +381,7 @@ func (f *Firewall) Delete(sb *netpolicy.Sandbox) error {
 		return nil
 	}
 	sName, pName, xName, nName, _, _, dName := names(b.slot)
-	key := ifnameKey(b.ifname)
+	key := padIfname(b.ifname)
 	var errs []error
 	errs = append(errs, f.c.SetDeleteElements(f.fwd, []nftables.SetElement{{Key: key}}))
 	errs = append(errs, f.c.SetDeleteElements(f.nat, []nftables.SetElement{{Key: key}}))
