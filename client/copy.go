@@ -109,7 +109,14 @@ var errUploadEnded = errors.New("upload ended")
 // The archive comes from the sandbox and is treated as hostile: it is
 // unpacked with ExtractTar's guarantees, confined to the destination
 // directory, and only entries under remotePath's name are accepted.
-func (c *Client) CopyFrom(ctx context.Context, id, remotePath, localPath string) error {
+// Symbolic links that would lead out of the copied tree (to the local
+// machine's files) are skipped unless WithLinks says otherwise; see
+// LinkPolicy.
+func (c *Client) CopyFrom(ctx context.Context, id, remotePath, localPath string, opts ...CopyOption) error {
+	var o copyOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	if !path.IsAbs(remotePath) {
 		return fmt.Errorf("sandbox path %q must be absolute", remotePath)
 	}
@@ -183,7 +190,8 @@ func (c *Client) CopyFrom(ctx context.Context, id, remotePath, localPath string)
 		pw.CloseWithError(err)
 		readErr <- err
 	}()
-	xerr := extract(root, pr, mapName, created)
+	links := &linkSet{opts: o, remote: remote, links: map[string]string{}}
+	xerr := extract(root, pr, mapName, created, links)
 	if xerr == nil {
 		_, _ = io.Copy(io.Discard, pr) // let the download finish the archive's padding
 	} else {

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"io/fs"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -255,4 +256,102 @@ func TestCopyFromHostileArchive(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCopyFromLinks plants links a sandbox's owner could, and checks what
+// each policy leaves in the copy: links inside the tree always arrive
+// (absolute ones rewritten), links out of it never do by default, however
+// they are chained.
+func TestCopyFromLinks(t *testing.T) {
+	entries := []tar.Header{
+		{Name: "work/", Typeflag: tar.TypeDir},
+		{Name: "work/d/", Typeflag: tar.TypeDir},
+		{Name: "work/d/f", Typeflag: tar.TypeReg},
+		{Name: "work/rel", Typeflag: tar.TypeSymlink, Linkname: "d/f"},          // inside
+		{Name: "work/d/up", Typeflag: tar.TypeSymlink, Linkname: "../d/f"},      // inside
+		{Name: "work/abs-in", Typeflag: tar.TypeSymlink, Linkname: "/work/d/f"}, // inside, rewritten
+		{Name: "work/d/abs-top", Typeflag: tar.TypeSymlink, Linkname: "/work"},  // inside, rewritten
+		{Name: "work/token", Typeflag: tar.TypeSymlink, Linkname: "/root/.warren/token"},
+		{Name: "work/ssh", Typeflag: tar.TypeSymlink, Linkname: "../../.ssh/id_ed25519"},
+		{Name: "work/d/back", Typeflag: tar.TypeSymlink, Linkname: ".."},       // the top: inside
+		{Name: "work/chain", Typeflag: tar.TypeSymlink, Linkname: "d/back/.."}, // back is a link: out
+		{Name: "work/loop", Typeflag: tar.TypeSymlink, Linkname: "loop/x"},     // never resolves
+		{Name: "work/hard", Typeflag: tar.TypeLink, Linkname: "work/token"},    // a hard link to a link out
+	}
+	inside := map[string]string{"rel": "d/f", "d/up": "../d/f", "abs-in": "d/f", "d/abs-top": "..", "d/back": ".."}
+	out := map[string]string{"token": "/root/.warren/token", "ssh": "../../.ssh/id_ed25519",
+		"chain": "d/back/..", "loop": "loop/x", "hard": "/root/.warren/token"}
+	hostile := func(w http.ResponseWriter, r *http.Request) bool {
+		if !strings.HasSuffix(r.URL.Path, "/files") || r.URL.Query().Get("format") != "tar" {
+			return false
+		}
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		for _, h := range entries {
+			h.Mode = 0o644
+			tw.WriteHeader(&h)
+		}
+		tw.Close()
+		w.Header().Set("Content-Type", "application/x-tar")
+		w.Write(buf.Bytes())
+		return true
+	}
+	_, c, id := newSandbox(t, clienttest.WithIntercept(hostile))
+	links := func(t *testing.T, dir string) map[string]string {
+		got := map[string]string{}
+		filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+			if err == nil && d.Type() == fs.ModeSymlink {
+				rel, _ := filepath.Rel(dir, p)
+				got[filepath.ToSlash(rel)], _ = os.Readlink(p)
+			}
+			return nil
+		})
+		return got
+	}
+
+	t.Run("skip", func(t *testing.T) {
+		dest := filepath.Join(t.TempDir(), "dest")
+		skipped := map[string]string{}
+		err := c.CopyFrom(context.Background(), id, "/work", dest,
+			client.OnSkippedLink(func(name, target string) { skipped[name] = target }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := links(t, dest); !maps.Equal(got, inside) {
+			t.Errorf("links copied: %v, want %v", got, inside)
+		}
+		if !maps.Equal(skipped, out) {
+			t.Errorf("links skipped: %v, want %v", skipped, out)
+		}
+		if b, err := os.ReadFile(filepath.Join(dest, "abs-in")); err != nil || len(b) != 0 {
+			t.Errorf("abs-in does not read d/f: %q, %v", b, err)
+		}
+	})
+	t.Run("refuse", func(t *testing.T) {
+		dest := filepath.Join(t.TempDir(), "dest")
+		err := c.CopyFrom(context.Background(), id, "/work", dest, client.WithLinks(client.LinksRefuse))
+		if err == nil || !strings.Contains(err.Error(), "leads out of the copied tree") {
+			t.Fatalf("copy: %v, want a refusal", err)
+		}
+		for name := range links(t, dest) {
+			if _, bad := out[name]; bad {
+				t.Errorf("%s created before the refusal", name)
+			}
+		}
+	})
+	t.Run("keep", func(t *testing.T) {
+		dest := filepath.Join(t.TempDir(), "dest")
+		if err := c.CopyFrom(context.Background(), id, "/work", dest, client.WithLinks(client.LinksKeep)); err != nil {
+			t.Fatal(err)
+		}
+		got := links(t, dest)
+		for name, target := range out {
+			if name == "hard" {
+				continue // a hard link to a link is the link's inode under keep
+			}
+			if got[name] != target {
+				t.Errorf("%s -> %q, want %q kept", name, got[name], target)
+			}
+		}
+	})
 }

@@ -125,7 +125,7 @@ func ExtractTar(r io.Reader, dir string) error {
 		return err
 	}
 	defer root.Close()
-	return extract(root, r, func(name string) (string, error) { return name, nil }, true)
+	return extract(root, r, func(name string) (string, error) { return name, nil }, true, nil)
 }
 
 // cleanEntryName validates a tar entry name from a stranger and returns it
@@ -154,7 +154,11 @@ type dirMeta struct {
 // extract unpacks r into root. mapName turns a clean entry name into the
 // name to create under root ("." for root itself) or refuses it. applyTop
 // says whether an entry for "." may change root's own mode and times.
-func extract(root *os.Root, r io.Reader, mapName func(string) (string, error), applyTop bool) error {
+//
+// links, if not nil, takes every symbolic link instead of creating it at
+// once: entries under a link's name are refused, and links.finish creates
+// the links last, per its policy.
+func extract(root *os.Root, r io.Reader, mapName func(string) (string, error), applyTop bool, links *linkSet) error {
 	zr := &zeroTail{r: r}
 	tr := tar.NewReader(zr)
 	var dirs []dirMeta
@@ -182,12 +186,25 @@ func extract(root *os.Root, r io.Reader, mapName func(string) (string, error), a
 		if err != nil {
 			return err
 		}
+		if links != nil {
+			if err := links.take(hdr, name, mapName); err != errNotLink {
+				if err != nil {
+					return err
+				}
+				continue
+			}
+		}
 		if err := extractEntry(root, tr, hdr, name, mapName, applyTop, &dirs); err != nil {
 			var r *refusal
 			if errors.As(err, &r) {
 				return err
 			}
 			return fmt.Errorf("entry %q: %w", hdr.Name, err)
+		}
+	}
+	if links != nil {
+		if err := links.finish(root); err != nil {
+			return err
 		}
 	}
 	// Directory modes last (deepest first), so a read-only directory does
