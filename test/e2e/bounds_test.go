@@ -46,16 +46,16 @@ func statusKB(t *testing.T, pid int, name string) int64 {
 func TestUpExecMemoryFlat(t *testing.T) {
 	testutil.RequireContainers(t)
 	testutil.RequireBinary(t, "go")
-	c := &cluster{t: t, bin: warrenBin(t), dataDir: t.TempDir(), addr: freeAddr(t)}
-	c.start()
-	t.Cleanup(c.cleanupSandboxes)
-	tok, err := os.ReadFile(filepath.Join(c.dataDir, "admin-token"))
+	c := &cluster{T: t, Bin: warrenBin(t), DataDir: t.TempDir(), Addr: freeAddr(t)}
+	c.Start()
+	t.Cleanup(c.CleanupSandboxes)
+	tok, err := os.ReadFile(filepath.Join(c.DataDir, "admin-token"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	post := func(path string, body any) *http.Response {
 		b, _ := json.Marshal(body)
-		req, _ := http.NewRequest("POST", "http://"+c.addr+path, bytes.NewReader(b))
+		req, _ := http.NewRequest("POST", "http://"+c.Addr+path, bytes.NewReader(b))
 		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
@@ -64,8 +64,8 @@ func TestUpExecMemoryFlat(t *testing.T) {
 		}
 		return resp
 	}
-	id := strings.TrimSpace(c.mustRun("sandbox", "create", "--image", "busybox", "--memory", "256Mi"))
-	pid := c.up.Process.Pid
+	id := strings.TrimSpace(c.MustRun("sandbox", "create", "--image", "busybox", "--memory", "256Mi"))
+	pid := c.Cmd.Process.Pid
 
 	resp := post("/v1/sandboxes/"+id+"/exec", api.ExecRequest{Argv: []string{"true"}, MaxOutput: 1 << 30})
 	b, _ := io.ReadAll(resp.Body)
@@ -94,7 +94,7 @@ func TestUpExecMemoryFlat(t *testing.T) {
 			t.Errorf("stream=%v: warren up's peak RSS grew by %d MiB during the exec, want at most 64 MiB", stream, (peak-base)>>10)
 		}
 	}
-	if ents, _ := os.ReadDir(filepath.Join(c.dataDir, "node", "spool")); len(ents) != 0 {
+	if ents, _ := os.ReadDir(filepath.Join(c.DataDir, "node", "spool")); len(ents) != 0 {
 		t.Errorf("spool dir holds %d files after the execs, want none", len(ents))
 	}
 }

@@ -18,53 +18,53 @@ import (
 func TestUpSandboxLifecycle(t *testing.T) {
 	testutil.RequireContainers(t)
 	testutil.RequireBinary(t, "go")
-	c := &cluster{t: t, bin: warrenBin(t), dataDir: t.TempDir(), addr: freeAddr(t), args: []string{"--stop-sandboxes", "--no-fn"}}
-	c.start()
+	c := &cluster{T: t, Bin: warrenBin(t), DataDir: t.TempDir(), Addr: freeAddr(t), Args: []string{"--stop-sandboxes", "--no-fn"}}
+	c.Start()
 	t.Cleanup(func() {
-		c.run("sandbox", "rm", "--all")
-		c.stop()
+		c.Run("sandbox", "rm", "--all")
+		c.Stop()
 		if t.Failed() {
-			t.Logf("warren up log:\n%s", c.log)
+			t.Logf("warren up log:\n%s", c.Log)
 		}
 	})
 
-	idle := strings.TrimSpace(c.mustRun("sandbox", "create", "--image", "busybox", "--idle-timeout", "2s"))
-	if _, stderr, code := c.run("exec", idle, "--", "sleep", "6"); code != 0 {
+	idle := strings.TrimSpace(c.MustRun("sandbox", "create", "--image", "busybox", "--idle-timeout", "2s"))
+	if _, stderr, code := c.Run("exec", idle, "--", "sleep", "6"); code != 0 {
 		t.Fatalf("exec sleep 6 with --idle-timeout 2s: exit %d, stderr %q; want 0", code, stderr)
 	}
-	if _, stderr, code := c.run("exec", idle, "--", "true"); code != 0 {
+	if _, stderr, code := c.Run("exec", idle, "--", "true"); code != 0 {
 		t.Errorf("exec right after: exit %d, %q; want the sandbox still there", code, stderr)
 	}
 
 	// A TTL that runs out while warren is down.
-	short := strings.TrimSpace(c.mustRun("sandbox", "create", "--image", "busybox", "--ttl", "3s"))
-	c.kill9()
+	short := strings.TrimSpace(c.MustRun("sandbox", "create", "--image", "busybox", "--ttl", "3s"))
+	c.Kill9()
 	time.Sleep(3 * time.Second)
-	c.start()
-	if _, stderr, code := c.run("sandbox", "get", short); code != 1 || !strings.Contains(stderr, "sandbox_not_found") {
+	c.Start()
+	if _, stderr, code := c.Run("sandbox", "get", short); code != 1 || !strings.Contains(stderr, "sandbox_not_found") {
 		t.Errorf("sandbox whose ttl ran out while down: exit %d, %q; want sandbox_not_found", code, stderr)
 	}
-	if !strings.Contains(c.log.String(), "ttl expired while the agent was down") {
+	if !strings.Contains(c.Log.String(), "ttl expired while the agent was down") {
 		t.Errorf("the restart log does not say it ended the expired sandbox")
 	}
 
-	a := strings.TrimSpace(c.mustRun("sandbox", "create", "--image", "busybox", "--label", "job=a"))
-	b := strings.TrimSpace(c.mustRun("sandbox", "create", "--image", "busybox", "--label", "job=b"))
-	if out := c.mustRun("sandbox", "rm", "--all", "--label", "job=a"); out != a+"\n" {
+	a := strings.TrimSpace(c.MustRun("sandbox", "create", "--image", "busybox", "--label", "job=a"))
+	b := strings.TrimSpace(c.MustRun("sandbox", "create", "--image", "busybox", "--label", "job=b"))
+	if out := c.MustRun("sandbox", "rm", "--all", "--label", "job=a"); out != a+"\n" {
 		t.Errorf("rm --all --label job=a printed %q, want %q", out, a)
 	}
-	if _, _, code := c.run("sandbox", "get", b); code != 0 {
+	if _, _, code := c.Run("sandbox", "get", b); code != 0 {
 		t.Errorf("rm --all --label job=a removed job=b too")
 	}
 
 	// --stop-sandboxes: the exec in flight hears why, nothing is left.
 	res := make(chan string, 1)
 	go func() {
-		_, stderr, code := c.run("exec", b, "--", "sleep", "60")
+		_, stderr, code := c.Run("exec", b, "--", "sleep", "60")
 		res <- fmt.Sprintf("exit %d: %s", code, stderr)
 	}()
 	time.Sleep(time.Second)
-	c.stop()
+	c.Stop()
 	select {
 	case got := <-res:
 		if !strings.Contains(got, "sandbox_gone") || !strings.Contains(got, "node shutting down") {
@@ -73,7 +73,7 @@ func TestUpSandboxLifecycle(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Error("the exec did not end with warren")
 	}
-	nodeDir := filepath.Join(c.dataDir, "node")
+	nodeDir := filepath.Join(c.DataDir, "node")
 	for _, d := range []string{"sandboxes", "runc", filepath.Join("container", "sandboxes")} {
 		if entries, _ := os.ReadDir(filepath.Join(nodeDir, d)); len(entries) != 0 {
 			t.Errorf("%s left after --stop-sandboxes: %d entries", d, len(entries))

