@@ -884,6 +884,9 @@ static void container(int sock, int *fds, int nfds) {
 			reply_error(SOCK_FD, "join cgroup: %s", strerror(errno));
 			_exit(1);
 		}
+	// Its own cgroup namespace, rooted at the cgroup just joined:
+	// /proc/self/cgroup says "/", not where the node keeps its boxes.
+	CHECK(unshare(CLONE_NEWCGROUP), "new cgroup namespace");
 	CHECK(setns(fds[0], CLONE_NEWNET), "join network namespace");
 	syscall(SYS_close_range, SOCK_FD + 1, ~0U, 0);
 	fcntl(SOCK_FD, F_SETFD, FD_CLOEXEC);

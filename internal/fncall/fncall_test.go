@@ -295,13 +295,15 @@ mount -t tmpfs x /tmp 2>/dev/null && echo mount=yes || echo mount=no
 mknod /tmp/null c 1 3 2>/dev/null && echo mknod=yes || echo mknod=no
 ls /sys 2>/dev/null | head -1
 grep -E '^(CapBnd|CapEff|NoNewPrivs|Seccomp):' /proc/self/status | tr -s '\t ' ' '
+echo "cgroup=$(cut -d: -f3 /proc/self/cgroup | sort -u | tr '\n' ,)"
 `)))
 	// Both refuse nobody a write in /etc; only one says the filesystem is
 	// read-only.
 	etc := map[string]string{"read-only": "etc=rofs", "overlay": "etc=writable"}[root]
 	for _, want := range []string{"uid=65534 host=fn pwd=/box", "ifaces=lo,", "devs=fd,full,null,random,shm,stderr,stdin,stdout,urandom,zero,",
 		"hosttree=hidden", "dotdot=stays", "pid1root=hidden", "writes=ok", etc, "dev=ro", "zero=4", "userns=no", "mount=no", "mknod=no",
-		"CapBnd: 0000000000000000", "CapEff: 0000000000000000", "NoNewPrivs: 1", "Seccomp: 2"} {
+		"CapBnd: 0000000000000000", "CapEff: 0000000000000000", "NoNewPrivs: 1", "Seccomp: 2",
+		"cgroup=/,"} {
 		if !strings.Contains(c.Stdout, want+"\n") {
 			t.Errorf("want %q in:\n%s", want, c.Stdout)
 		}

@@ -8,6 +8,8 @@ import (
 
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/internal/guard"
 )
 
 // denied are the system calls a judged program has no use for and that
@@ -55,6 +57,7 @@ const (
 	offNr   = 0
 	offArch = 4
 	offArg0 = 16 // low 32 bits on little-endian
+	offArg1 = 24
 )
 
 // filter returns the program. Another architecture's system calls (i386
@@ -84,6 +87,7 @@ func filter() ([]bpf.RawInstruction, error) {
 		bpf.RetConstant{Val: retEperm},
 		bpf.RetConstant{Val: retAllow},
 	}
+	p = append(p, argChecks()...)
 	nrs := make([]uint32, len(denied))
 	for i, nr := range denied {
 		nrs[i] = uint32(nr)
@@ -92,6 +96,39 @@ func filter() ([]bpf.RawInstruction, error) {
 	nrs = slices.Compact(nrs)
 	p = append(p, searchTree(nrs)...)
 	return bpf.Assemble(p)
+}
+
+// argChecks refuses what package guard refuses in every sandbox by
+// argument (guard.DeniedIoctls, guard.SocketFamilies), reading each
+// argument's low 32 bits as the kernel does. Each block is skipped unless
+// the number in A is its system call, and ends in a return.
+func argChecks() []bpf.Instruction {
+	var ioctl []bpf.Instruction
+	for _, d := range guard.DeniedIoctls() {
+		ioctl = append(ioctl,
+			bpf.LoadAbsolute{Off: offArg1, Size: 4},
+			bpf.ALUOpConstant{Op: bpf.ALUOpAnd, Val: d.Mask},
+			bpf.JumpIf{Cond: bpf.JumpEqual, Val: d.Value, SkipFalse: 1},
+			bpf.RetConstant{Val: retEperm})
+	}
+	ioctl = append(ioctl, bpf.RetConstant{Val: retAllow})
+	family := func(allowed []uint32) []bpf.Instruction {
+		b := []bpf.Instruction{bpf.LoadAbsolute{Off: offArg0, Size: 4}}
+		for i, f := range allowed {
+			b = append(b, bpf.JumpIf{Cond: bpf.JumpEqual, Val: f, SkipTrue: uint8(len(allowed) - i)})
+		}
+		return append(b, bpf.RetConstant{Val: retEperm}, bpf.RetConstant{Val: retAllow})
+	}
+	socket, socketpair := family(guard.SocketFamilies()), family([]uint32{unix.AF_UNIX})
+	var p []bpf.Instruction
+	for _, b := range []struct {
+		nr   uint32
+		code []bpf.Instruction
+	}{{unix.SYS_IOCTL, ioctl}, {unix.SYS_SOCKET, socket}, {unix.SYS_SOCKETPAIR, socketpair}} {
+		p = append(p, bpf.JumpIf{Cond: bpf.JumpEqual, Val: b.nr, SkipFalse: uint8(len(b.code))})
+		p = append(p, b.code...)
+	}
+	return p
 }
 
 const (

@@ -7,6 +7,8 @@ import (
 
 	"golang.org/x/net/bpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/internal/guard"
 )
 
 // TestSeccompFilter runs the filter in a BPF VM for every system call
@@ -24,13 +26,16 @@ func TestSeccompFilter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	run := func(arch, nr uint32, arg0 uint64) uint32 {
+	run := func(arch, nr uint32, arg0 uint64, arg1 ...uint64) uint32 {
 		// struct seccomp_data is host-endian; the VM loads big-endian
 		// words, so the test lays the fields out that way.
 		d := make([]byte, 64)
 		binary.BigEndian.PutUint32(d[offNr:], nr)
 		binary.BigEndian.PutUint32(d[offArch:], arch)
 		binary.BigEndian.PutUint32(d[offArg0:], uint32(arg0))
+		if len(arg1) > 0 {
+			binary.BigEndian.PutUint32(d[offArg1:], uint32(arg1[0]))
+		}
 		v, err := vm.Run(d)
 		if err != nil {
 			t.Fatal(err)
@@ -47,6 +52,10 @@ func TestSeccompFilter(t *testing.T) {
 			return retEperm
 		case slices.Contains(denied, uintptr(nr)):
 			return retEperm
+		case nr == unix.SYS_SOCKET && !slices.Contains(guard.SocketFamilies(), uint32(arg0)):
+			return retEperm
+		case nr == unix.SYS_SOCKETPAIR && arg0 != unix.AF_UNIX:
+			return retEperm
 		}
 		return retAllow
 	}
@@ -55,6 +64,27 @@ func TestSeccompFilter(t *testing.T) {
 			if got, w := run(unix.AUDIT_ARCH_X86_64, nr, arg0), want(nr, arg0); got != w {
 				t.Errorf("syscall %d arg0 %#x: filter says %#x, want %#x", nr, arg0, got, w)
 			}
+		}
+	}
+	for _, c := range []struct {
+		req  uint64
+		want uint32
+	}{
+		{0x40049409, retEperm},         // FICLONE
+		{0xdead000040049409, retEperm}, // FICLONE, junk above
+		{0xc0c0586d, retEperm},         // XFS_IOC_SWAPEXT
+		{unix.TIOCSTI, retEperm},
+		{unix.TCGETS, retAllow},
+		{0x541b, retAllow},     // FIONREAD
+		{0x80086601, retAllow}, // FS_IOC_GETFLAGS
+	} {
+		if got := run(unix.AUDIT_ARCH_X86_64, unix.SYS_IOCTL, 3, c.req); got != c.want {
+			t.Errorf("ioctl %#x: filter says %#x, want %#x", c.req, got, c.want)
+		}
+	}
+	for fam := uint64(0); fam < 64; fam++ {
+		if got, w := run(unix.AUDIT_ARCH_X86_64, unix.SYS_SOCKET, fam|0xdead<<32), want(unix.SYS_SOCKET, fam); got != w {
+			t.Errorf("socket family %d: filter says %#x, want %#x", fam, got, w)
 		}
 	}
 	if got := run(unix.AUDIT_ARCH_X86_64, 0x40000000+1, 0); got != retEperm {

@@ -92,11 +92,13 @@ var seccompProfile = sync.OnceValues(func() (*specs.LinuxSeccomp, error) {
 	if len(p.Architectures) > 1 {
 		p.Architectures = p.Architectures[:1]
 	}
+	ociArgRules(p)
 	return p, nil
 })
 
 // Seccomp returns Docker's default seccomp profile (from moby/profiles)
-// resolved for the default capability set and this host's kernel, for the
+// resolved for the default capability set and this host's kernel, with
+// ioctl and socket narrowed (DeniedIoctls, SocketFamilies), for the
 // native architecture only: a 32-bit (compat) syscall kills the process
 // that makes it, so 32-bit binaries do not run. Each call returns a fresh
 // copy the caller may modify.

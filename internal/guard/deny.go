@@ -1,0 +1,126 @@
+package guard
+
+import (
+	"slices"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// IoctlDeny is a family of ioctl requests no sandbox may make: those whose
+// request number, masked with Mask, equals Value. Masks cover the low 16
+// bits only (the request's type and number): a request with the same type
+// and number but another size or direction is refused too, and whatever
+// a caller puts in the register's upper half (the kernel reads a 32-bit
+// int) changes nothing.
+type IoctlDeny struct {
+	Name        string
+	Mask, Value uint32
+}
+
+// deniedIoctls let a workload move blocks between files behind the
+// filesystem's back (DSec saw XFS_IOC_SWAPEXT used to reach protected
+// files, and it corrupted XFS), share blocks across files or create
+// btrfs subvolumes (each with a qgroup outside the sandbox's disk limit),
+// or push input into a terminal it shares with something else.
+var deniedIoctls = []IoctlDeny{
+	// Type 0x94: btrfs's ioctls and the generic FICLONE, FICLONERANGE
+	// and FIDEDUPERANGE that grew out of them.
+	{"FICLONE, FICLONERANGE, FIDEDUPERANGE and every btrfs ioctl (type 0x94)", 0xff00, 0x9400},
+	{"XFS_IOC_SWAPEXT", 0xffff, 0x586d},
+	{"XFS_IOC_EXCHANGE_RANGE", 0xffff, 0x5881},
+	{"EXT4_IOC_MOVE_EXT", 0xffff, 0x660f},
+	{"EXT4_IOC_SWAP_BOOT", 0xffff, 0x6611},
+	{"TIOCSTI", 0xffff, unix.TIOCSTI},
+	{"TIOCLINUX", 0xffff, unix.TIOCLINUX},
+}
+
+// DeniedIoctls returns the ioctl requests every sandbox's filter refuses.
+func DeniedIoctls() []IoctlDeny { return slices.Clone(deniedIoctls) }
+
+// socketFamilies are the only address families a sandbox may open
+// sockets in: local, IPv4, IPv6 and netlink (which `ip` and glibc's
+// resolver use). The others are rarely used kernel code (RDS, TIPC, CAN,
+// XDP, ...) behind many past local privilege escalations, or reach past
+// the sandbox's network namespace (AF_VSOCK to the hypervisor, AF_PACKET
+// under the firewall).
+var socketFamilies = []uint32{unix.AF_UNIX, unix.AF_INET, unix.AF_INET6, unix.AF_NETLINK}
+
+// SocketFamilies returns the address families socket(2) may ask for.
+// socketpair(2) may ask for AF_UNIX only.
+func SocketFamilies() []uint32 { return slices.Clone(socketFamilies) }
+
+// ociArgRules rewrites profile's rules for ioctl, socket and socketpair
+// into allowlists that refuse DeniedIoctls and every family but
+// SocketFamilies. libseccomp drops a system call's conditional rules
+// when it also has an unconditional one (whatever their actions), so a
+// deny rule next to moby's plain "ioctl: allow" would be silently
+// ignored: ioctl is allowed instead by a set of masked prefixes that
+// covers every request number outside the denied ones. runc turns two
+// conditions on one argument into two rules (an OR), so each rule here
+// has a single condition.
+func ociArgRules(p *specs.LinuxSeccomp) {
+	replaced := []string{"ioctl", "socket", "socketpair"}
+	var rules []specs.LinuxSyscall
+	for _, r := range p.Syscalls {
+		r.Names = slices.DeleteFunc(r.Names, func(n string) bool { return slices.Contains(replaced, n) })
+		if len(r.Names) > 0 {
+			rules = append(rules, r)
+		}
+	}
+	allow := func(name string, arg uint, op specs.LinuxSeccompOperator, v, v2 uint64) {
+		rules = append(rules, specs.LinuxSyscall{Names: []string{name}, Action: specs.ActAllow,
+			Args: []specs.LinuxSeccompArg{{Index: arg, Value: v, ValueTwo: v2, Op: op}}})
+	}
+	for _, c := range ioctlCover() {
+		allow("ioctl", 1, specs.OpMaskedEqual, uint64(c.Mask), uint64(c.Value))
+	}
+	// A full 64-bit comparison: junk in the upper half fails it, so it
+	// cannot smuggle a denied family past an allowlist.
+	for _, f := range socketFamilies {
+		allow("socket", 0, specs.OpEqualTo, uint64(f), 0)
+	}
+	allow("socketpair", 0, specs.OpEqualTo, unix.AF_UNIX, 0)
+	p.Syscalls = rules
+}
+
+// ioctlCover returns masked prefixes of the 16-bit (type, number) space
+// that together match every request but the denied ones, as a routing
+// table's CIDR blocks cover an address range with holes: a binary trie,
+// one prefix for each largest subtree holding no denied request (about
+// 16 per denied number).
+func ioctlCover() []IoctlDeny {
+	denied := func(v, mask uint32) bool { // does the block v/mask hold a denied request?
+		for _, d := range deniedIoctls {
+			m := mask & d.Mask
+			if v&m == d.Value&m {
+				return true
+			}
+		}
+		return false
+	}
+	full := func(v, mask uint32) bool { // is the whole block v/mask denied?
+		for _, d := range deniedIoctls {
+			if d.Mask&^mask == 0 && v&d.Mask == d.Value {
+				return true
+			}
+		}
+		return false
+	}
+	var out []IoctlDeny
+	var walk func(v uint32, bits int)
+	walk = func(v uint32, bits int) {
+		mask := uint32(0xffff) &^ (uint32(1)<<(16-bits) - 1)
+		switch {
+		case full(v, mask):
+		case !denied(v, mask):
+			out = append(out, IoctlDeny{Mask: mask, Value: v})
+		default:
+			bit := uint32(1) << (15 - bits)
+			walk(v, bits+1)
+			walk(v|bit, bits+1)
+		}
+	}
+	walk(0, 0)
+	return out
+}

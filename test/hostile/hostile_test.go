@@ -1,0 +1,186 @@
+// Package hostile is warren's standing attack suite: one subtest of
+// TestHostile per attack an agent paid to cheat would try, each run
+// through the platform as a user runs it (`warren up`, the real container
+// backend) and each asserting both that the attack is contained and that
+// the node is still healthy afterwards. docs/SECURITY.md lists the
+// attacks and their results.
+//
+// Attacks that need system calls busybox cannot make run a static Go
+// program (testdata/attack) copied into the sandbox.
+package hostile
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/client"
+	"github.com/warrenhq/warren/internal/testutil"
+	"github.com/warrenhq/warren/internal/testutil/uptest"
+)
+
+// platform is the warren up every attack runs against, and a client
+// with its admin token.
+type platform struct {
+	up     *uptest.Up
+	c      *client.Client
+	attack string // the attack program, built static
+}
+
+func TestHostile(t *testing.T) {
+	testutil.RequireContainers(t)
+	testutil.RequireBinary(t, "go")
+	up := uptest.New(t, "--no-fn")
+	up.Start()
+	t.Cleanup(up.CleanupSandboxes)
+	p := &platform{up: up, c: client.New("http://"+up.Addr, up.Token())}
+	p.attack = filepath.Join(t.TempDir(), "attack")
+	build := exec.Command("go", "build", "-o", p.attack, "./testdata/attack")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the attack program: %v\n%s", err, out)
+	}
+	for _, a := range attacks {
+		t.Run(a.name, func(t *testing.T) {
+			a.run(t, p)
+			p.healthy(t)
+		})
+	}
+}
+
+// attacks run in order, each on sandboxes of its own.
+var attacks = []struct {
+	name string
+	run  func(*testing.T, *platform)
+}{
+	{"Syscalls", testSyscalls},
+	{"Capabilities", testCapabilities},
+}
+
+// sandbox creates a busybox sandbox with the attack program at /attack,
+// deleted when t ends.
+func (p *platform) sandbox(t *testing.T, mod ...func(*api.CreateSandboxRequest)) string {
+	t.Helper()
+	req := api.CreateSandboxRequest{Image: "busybox"}
+	for _, m := range mod {
+		m(&req)
+	}
+	ctx := context.Background()
+	sb, err := p.c.CreateSandbox(ctx, req)
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	t.Cleanup(func() { p.c.DeleteSandbox(context.Background(), sb.ID) })
+	f, err := os.Open(p.attack)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := p.c.WriteFile(ctx, sb.ID, "/attack", 0o755, f); err != nil {
+		t.Fatalf("copy the attack program in: %v", err)
+	}
+	return sb.ID
+}
+
+// sh runs a shell command in sandbox id and returns its result.
+func (p *platform) sh(t *testing.T, id, cmd string) *api.ExecResult {
+	t.Helper()
+	r, err := p.c.Exec(context.Background(), id, api.ExecRequest{Cmd: cmd, Timeout: api.Duration(testutil.Scale(2 * time.Minute))})
+	if err != nil {
+		t.Fatalf("exec %q: %v", cmd, err)
+	}
+	return r
+}
+
+// attackResults runs the attack program with the named attacks and
+// returns each one's answer.
+func (p *platform) attackResults(t *testing.T, id string, names ...string) map[string]string {
+	t.Helper()
+	r := p.sh(t, id, "/attack "+strings.Join(names, ","))
+	got := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(r.Stdout), "\n") {
+		if k, v, ok := strings.Cut(l, ": "); ok {
+			got[k] = v
+		}
+	}
+	if len(got) != len(names) {
+		t.Fatalf("attack %v: exit %d, stdout %q, stderr %q", names, r.ExitCode, r.Stdout, r.Stderr)
+	}
+	return got
+}
+
+// healthy checks the node after an attack: it lists itself ready, and a
+// fresh sandbox runs a command and is deleted.
+func (p *platform) healthy(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testutil.Scale(time.Minute))
+	defer cancel()
+	nodes, err := p.c.ListNodes(ctx)
+	if err != nil || len(nodes) != 1 || !nodes[0].Healthy {
+		t.Fatalf("after the attack: nodes %+v, %v; want one healthy node", nodes, err)
+	}
+	sb, err := p.c.CreateSandbox(ctx, api.CreateSandboxRequest{Image: "busybox"})
+	if err != nil {
+		t.Fatalf("after the attack: create: %v", err)
+	}
+	defer p.c.DeleteSandbox(context.Background(), sb.ID)
+	r, err := p.c.Exec(ctx, sb.ID, api.ExecRequest{Argv: []string{"echo", "alive"}})
+	if err != nil || r.Stdout != "alive\n" {
+		t.Fatalf("after the attack: exec in a new sandbox: %+v, %v", r, err)
+	}
+}
+
+// expect checks each named attack's answer.
+func expect(t *testing.T, got map[string]string, want map[string]string) {
+	t.Helper()
+	for k, w := range want {
+		if got[k] != w {
+			t.Errorf("%s: %s, want %s", k, got[k], w)
+		}
+	}
+}
+
+// The system calls an agent would use on the kernel or the filesystem
+// under it are refused by the sandbox's seccomp filter: EPERM (or, where
+// moby's profile answers so, ENOSYS).
+func testSyscalls(t *testing.T, p *platform) {
+	id := p.sandbox(t)
+	got := p.attackResults(t, id, "ficlone", "ficlone-high", "ficlonerange", "fidedupe", "btrfs-subvol",
+		"swapext", "moveext", "tiocsti", "unshare-user", "unshare-net", "clone-user", "bpf", "perf",
+		"keyctl", "userfaultfd", "kexec", "module", "mount", "packet", "raw", "vsock", "vsock-high", "packet-high",
+		"tcgets", "inet", "unix")
+	t.Logf("answers: %v", got)
+	want := map[string]string{}
+	for k := range got {
+		want[k] = "EPERM"
+	}
+	// What ordinary programs do still works: a terminal query (no
+	// terminal here: ENOTTY, from the kernel, not the filter) and sockets
+	// of the usual families.
+	want["tcgets"], want["inet"], want["unix"] = "ENOTTY", "ok", "ok"
+	expect(t, got, want)
+}
+
+// Capabilities: none of those that reach past the sandbox.
+func testCapabilities(t *testing.T, p *platform) {
+	id := p.sandbox(t)
+	got := p.attackResults(t, id, "caps")
+	t.Logf("caps: %s", got["caps"])
+	for _, f := range strings.Fields(got["caps"]) {
+		k, v, _ := strings.Cut(f, "=")
+		var mask uint64
+		fmt.Sscanf(v, "%x", &mask)
+		for name, bit := range map[string]uint{"SYS_ADMIN": 21, "SYS_MODULE": 16, "DAC_READ_SEARCH": 2,
+			"NET_ADMIN": 12, "NET_RAW": 13, "SYS_PTRACE": 19, "SYS_RAWIO": 17, "BPF": 39, "PERFMON": 38, "SYS_BOOT": 22, "MKNOD": 27} {
+			if mask&(1<<bit) != 0 {
+				t.Errorf("%s has CAP_%s", k, name)
+			}
+		}
+	}
+}

@@ -1,0 +1,190 @@
+// attack is what a hostile agent would run inside a sandbox: each
+// subcommand tries one thing against the kernel or the platform and
+// prints one line, "NAME: ok" or "NAME: ERRNO" (EPERM, ENOSYS, ...), for
+// test/hostile to check. It is built static and copied in.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: attack NAME [ARGS...]")
+		os.Exit(2)
+	}
+	for _, name := range strings.Split(os.Args[1], ",") {
+		fmt.Printf("%s: %s\n", name, run(name, os.Args[2:]))
+	}
+}
+
+// ioctl requests (amd64).
+const (
+	ficlone      = 0x40049409 // _IOW(0x94, 9, int)
+	ficlonerange = 0x4020940d // _IOW(0x94, 13, struct file_clone_range)
+	fidedupe     = 0xc0189436 // _IOWR(0x94, 54, struct file_dedupe_range)
+	btrfsSubvol  = 0x5000940e // _IOW(0x94, 14, struct btrfs_ioctl_vol_args)
+	xfsSwapext   = 0xc0c0586d // _IOWR('X', 109, struct xfs_swapext)
+	ext4MoveExt  = 0xc028660f // _IOWR('f', 15, struct move_extent)
+	tiocsti      = 0x5412
+)
+
+func run(name string, args []string) string {
+	switch name {
+	case "ficlone", "ficlone-high", "ficlonerange", "fidedupe", "btrfs-subvol", "swapext", "moveext", "tiocsti":
+		req := map[string]uintptr{"ficlone": ficlone, "ficlone-high": 0xdead000000000000 | ficlone,
+			"ficlonerange": ficlonerange, "fidedupe": fidedupe, "btrfs-subvol": btrfsSubvol,
+			"swapext": xfsSwapext, "moveext": ext4MoveExt, "tiocsti": tiocsti}[name]
+		src, err := os.CreateTemp("", "src")
+		if err != nil {
+			return "setup " + err.Error()
+		}
+		defer os.Remove(src.Name())
+		src.WriteString("data")
+		dst, err := os.CreateTemp("", "dst")
+		if err != nil {
+			return "setup " + err.Error()
+		}
+		defer os.Remove(dst.Name())
+		// A zeroed argument of the largest size any of these reads: the
+		// kernel may reject it as malformed (EINVAL, EBADF), but only
+		// after the filter let it through, which is what is checked.
+		var arg [256]byte
+		*(*int32)(unsafe.Pointer(&arg[0])) = int32(src.Fd())
+		p := uintptr(unsafe.Pointer(&arg[0]))
+		if name == "ficlone" || name == "ficlone-high" {
+			p = src.Fd()
+		}
+		_, _, e := unix.Syscall(unix.SYS_IOCTL, dst.Fd(), req, p)
+		return errno(e)
+	case "unshare-user":
+		return errno(unix.Unshare(unix.CLONE_NEWUSER))
+	case "unshare-net":
+		return errno(unix.Unshare(unix.CLONE_NEWNET))
+	case "clone-user": // a child in a new user namespace, as unshare -U would make
+		cmd := exec.Command("/proc/self/exe", "caps")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWUSER}
+		return errno(cmd.Run())
+	case "bpf":
+		var attr [128]byte // BPF_MAP_CREATE with a zeroed attr
+		_, _, e := unix.Syscall(unix.SYS_BPF, 0, uintptr(unsafe.Pointer(&attr[0])), uintptr(len(attr)))
+		return errno(e)
+	case "perf":
+		attr := unix.PerfEventAttr{Type: unix.PERF_TYPE_SOFTWARE, Config: unix.PERF_COUNT_SW_CPU_CLOCK}
+		attr.Size = uint32(unsafe.Sizeof(attr))
+		fd, err := unix.PerfEventOpen(&attr, 0, -1, -1, 0)
+		if err == nil {
+			unix.Close(fd)
+		}
+		return errno(err)
+	case "keyctl":
+		_, _, e := unix.Syscall(unix.SYS_ADD_KEY, uintptr(unsafe.Pointer(&[]byte("user\x00")[0])), uintptr(unsafe.Pointer(&[]byte("k\x00")[0])), 0)
+		return errno(e)
+	case "userfaultfd":
+		fd, _, e := unix.Syscall(unix.SYS_USERFAULTFD, unix.O_CLOEXEC, 0, 0)
+		if e == 0 {
+			unix.Close(int(fd))
+		}
+		return errno(e)
+	case "kexec":
+		_, _, e := unix.Syscall6(unix.SYS_KEXEC_LOAD, 0, 0, 0, 0, 0, 0)
+		return errno(e)
+	case "module":
+		_, _, e := unix.Syscall(unix.SYS_FINIT_MODULE, ^uintptr(0), 0, 0)
+		return errno(e)
+	case "mount":
+		return errno(unix.Mount("none", "/tmp", "tmpfs", 0, ""))
+	case "packet", "raw", "vsock", "netlink-audit":
+		t := map[string][3]int{
+			"packet":        {unix.AF_PACKET, unix.SOCK_RAW, 0x300},
+			"raw":           {unix.AF_INET, unix.SOCK_RAW, unix.IPPROTO_ICMP},
+			"vsock":         {unix.AF_VSOCK, unix.SOCK_STREAM, 0},
+			"netlink-audit": {unix.AF_NETLINK, unix.SOCK_RAW, unix.NETLINK_AUDIT},
+		}[name]
+		fd, err := unix.Socket(t[0], t[1], t[2])
+		if err == nil {
+			unix.Close(fd)
+		}
+		return errno(err)
+	case "vsock-high", "packet-high": // the family with junk in the register's upper half
+		fam := map[string]uintptr{"vsock-high": unix.AF_VSOCK, "packet-high": unix.AF_PACKET}[name]
+		fd, _, e := unix.RawSyscall(unix.SYS_SOCKET, 0xdead000000000000|fam, unix.SOCK_STREAM, 0)
+		if e == 0 {
+			unix.Close(int(fd))
+		}
+		return errno(e)
+	case "tcgets": // an ordinary ioctl: must keep working
+		var ws unix.Winsize
+		_, _, e := unix.Syscall(unix.SYS_IOCTL, 0, unix.TIOCGWINSZ, uintptr(unsafe.Pointer(&ws)))
+		return errno(e)
+	case "inet", "unix": // ordinary sockets: must keep working
+		fam := map[string]int{"inet": unix.AF_INET, "unix": unix.AF_UNIX}[name]
+		fd, err := unix.Socket(fam, unix.SOCK_STREAM, 0)
+		if err == nil {
+			unix.Close(fd)
+		}
+		return errno(err)
+	case "caps":
+		// The capabilities in the effective and bounding sets, by name.
+		b, err := os.ReadFile("/proc/self/status")
+		if err != nil {
+			return err.Error()
+		}
+		var out []string
+		for _, l := range strings.Split(string(b), "\n") {
+			k, v, _ := strings.Cut(l, ":")
+			if k == "CapEff" || k == "CapBnd" || k == "CapPrm" {
+				out = append(out, k+"="+strings.TrimSpace(v))
+			}
+		}
+		return strings.Join(out, " ")
+	case "ptrace":
+		pid, _ := strconv.Atoi(args[0])
+		err := unix.PtraceAttach(pid)
+		if err == nil {
+			unix.PtraceDetach(pid)
+		}
+		return errno(err)
+	case "kill":
+		pid, _ := strconv.Atoi(args[0])
+		return errno(unix.Kill(pid, 0))
+	case "connect":
+		// connect ADDR...: how many of the addresses accepted a TCP
+		// connection within a second each.
+		n := 0
+		for _, a := range args {
+			c, err := net.DialTimeout("tcp", a, time.Second)
+			if err == nil {
+				n++
+				c.Close()
+			}
+		}
+		return strconv.Itoa(n) + " connected"
+	}
+	return "unknown attack"
+}
+
+func errno(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	var e syscall.Errno
+	if errors.As(err, &e) {
+		if e == 0 {
+			return "ok"
+		}
+		return unix.ErrnoName(e)
+	}
+	return err.Error()
+}
