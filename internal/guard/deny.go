@@ -7,13 +7,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// IoctlDeny is a family of ioctl requests no sandbox may make: those whose
-// request number, masked with Mask, equals Value. Masks cover the low 16
+// ArgMatch matches a system call argument whose low 32 bits, masked with
+// Mask, equal Value. As a denied ioctl: the requests no sandbox may make. Masks cover the low 16
 // bits only (the request's type and number): a request with the same type
 // and number but another size or direction is refused too, and whatever
 // a caller puts in the register's upper half (the kernel reads a 32-bit
 // int) changes nothing.
-type IoctlDeny struct {
+type ArgMatch struct {
 	Name        string
 	Mask, Value uint32
 }
@@ -23,7 +23,7 @@ type IoctlDeny struct {
 // files, and it corrupted XFS), share blocks across files or create
 // btrfs subvolumes (each with a qgroup outside the sandbox's disk limit),
 // or push input into a terminal it shares with something else.
-var deniedIoctls = []IoctlDeny{
+var deniedIoctls = []ArgMatch{
 	// Type 0x94: btrfs's ioctls and the generic FICLONE, FICLONERANGE
 	// and FIDEDUPERANGE that grew out of them.
 	{"FICLONE, FICLONERANGE, FIDEDUPERANGE and every btrfs ioctl (type 0x94)", 0xff00, 0x9400},
@@ -36,7 +36,7 @@ var deniedIoctls = []IoctlDeny{
 }
 
 // DeniedIoctls returns the ioctl requests every sandbox's filter refuses.
-func DeniedIoctls() []IoctlDeny { return slices.Clone(deniedIoctls) }
+func DeniedIoctls() []ArgMatch { return slices.Clone(deniedIoctls) }
 
 // socketFamilies are the only address families a sandbox may open
 // sockets in: local, IPv4, IPv6 and netlink (which `ip` and glibc's
@@ -50,9 +50,18 @@ var socketFamilies = []uint32{unix.AF_UNIX, unix.AF_INET, unix.AF_INET6, unix.AF
 // socketpair(2) may ask for AF_UNIX only.
 func SocketFamilies() []uint32 { return slices.Clone(socketFamilies) }
 
+// initCalls reach into another process by its pid; aimed at pid 1, the
+// sandbox's init (which the node enters the sandbox through), they are
+// refused: nothing in a sandbox may trace, read, write or take a pidfd of
+// it. The argument is the pid's index.
+var initCalls = []struct {
+	name string
+	arg  uint
+}{{"ptrace", 1}, {"process_vm_readv", 0}, {"process_vm_writev", 0}, {"pidfd_open", 0}}
+
 // ociArgRules rewrites profile's rules for ioctl, socket and socketpair
 // into allowlists that refuse DeniedIoctls and every family but
-// SocketFamilies. libseccomp drops a system call's conditional rules
+// SocketFamilies, and those of initCalls into ones that refuse pid 1. libseccomp drops a system call's conditional rules
 // when it also has an unconditional one (whatever their actions), so a
 // deny rule next to moby's plain "ioctl: allow" would be silently
 // ignored: ioctl is allowed instead by a set of masked prefixes that
@@ -61,6 +70,23 @@ func SocketFamilies() []uint32 { return slices.Clone(socketFamilies) }
 // has a single condition.
 func ociArgRules(p *specs.LinuxSeccomp) {
 	replaced := []string{"ioctl", "socket", "socketpair"}
+	present := map[string]bool{}
+	for _, r := range p.Syscalls {
+		for _, n := range r.Names {
+			if r.Action == specs.ActAllow && len(r.Args) == 0 {
+				present[n] = true
+			}
+		}
+	}
+	var initCover []ArgMatch
+	for _, c := range initCalls {
+		if present[c.name] { // only what the profile allows at all
+			replaced = append(replaced, c.name)
+			if initCover == nil {
+				initCover = cover(32, []ArgMatch{{Mask: 0xffffffff, Value: 1}})
+			}
+		}
+	}
 	var rules []specs.LinuxSyscall
 	for _, r := range p.Syscalls {
 		r.Names = slices.DeleteFunc(r.Names, func(n string) bool { return slices.Contains(replaced, n) })
@@ -81,17 +107,32 @@ func ociArgRules(p *specs.LinuxSeccomp) {
 		allow("socket", 0, specs.OpEqualTo, uint64(f), 0)
 	}
 	allow("socketpair", 0, specs.OpEqualTo, unix.AF_UNIX, 0)
+	for _, c := range initCalls {
+		if present[c.name] {
+			for _, m := range initCover {
+				allow(c.name, c.arg, specs.OpMaskedEqual, uint64(m.Mask), uint64(m.Value))
+			}
+		}
+	}
 	p.Syscalls = rules
 }
 
 // ioctlCover returns masked prefixes of the 16-bit (type, number) space
-// that together match every request but the denied ones, as a routing
-// table's CIDR blocks cover an address range with holes: a binary trie,
-// one prefix for each largest subtree holding no denied request (about
-// 16 per denied number).
-func ioctlCover() []IoctlDeny {
-	denied := func(v, mask uint32) bool { // does the block v/mask hold a denied request?
-		for _, d := range deniedIoctls {
+// that together match every request but the denied ones.
+func ioctlCover() []ArgMatch { return cover(16, deniedIoctls) }
+
+// cover returns masked prefixes of the low width bits that together match
+// every value but the denied ones, as a routing table's CIDR blocks cover
+// an address range with holes: a binary trie, one prefix for each largest
+// subtree holding no denied value (about width prefixes per denied value).
+// Bits above width are outside every mask: they match anything.
+func cover(width int, deniedSet []ArgMatch) []ArgMatch {
+	all := uint32(1<<width - 1)
+	if width == 32 {
+		all = 0xffffffff
+	}
+	denied := func(v, mask uint32) bool { // does the block v/mask hold a denied value?
+		for _, d := range deniedSet {
 			m := mask & d.Mask
 			if v&m == d.Value&m {
 				return true
@@ -100,23 +141,26 @@ func ioctlCover() []IoctlDeny {
 		return false
 	}
 	full := func(v, mask uint32) bool { // is the whole block v/mask denied?
-		for _, d := range deniedIoctls {
+		for _, d := range deniedSet {
 			if d.Mask&^mask == 0 && v&d.Mask == d.Value {
 				return true
 			}
 		}
 		return false
 	}
-	var out []IoctlDeny
+	var out []ArgMatch
 	var walk func(v uint32, bits int)
 	walk = func(v uint32, bits int) {
-		mask := uint32(0xffff) &^ (uint32(1)<<(16-bits) - 1)
+		mask := all &^ (uint32(1)<<(width-bits) - 1)
+		if bits == 0 {
+			mask = 0
+		}
 		switch {
 		case full(v, mask):
 		case !denied(v, mask):
-			out = append(out, IoctlDeny{Mask: mask, Value: v})
+			out = append(out, ArgMatch{Mask: mask, Value: v})
 		default:
-			bit := uint32(1) << (15 - bits)
+			bit := uint32(1) << (width - 1 - bits)
 			walk(v, bits+1)
 			walk(v|bit, bits+1)
 		}

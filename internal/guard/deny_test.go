@@ -45,7 +45,7 @@ func TestSeccompArgRules(t *testing.T) {
 	for _, r := range p.Syscalls {
 		for _, n := range r.Names {
 			switch n {
-			case "ioctl", "socket", "socketpair":
+			case "ioctl", "socket", "socketpair", "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_open":
 				if len(r.Args) != 1 || r.Action != specs.ActAllow {
 					t.Errorf("%s: rule %+v, want an allow with one condition", n, r)
 				}
@@ -53,7 +53,26 @@ func TestSeccompArgRules(t *testing.T) {
 			}
 		}
 	}
-	if conds["ioctl"] != len(ioctlCover()) || conds["socket"] != len(socketFamilies) || conds["socketpair"] != 1 {
+	if conds["ioctl"] != len(ioctlCover()) || conds["socket"] != len(socketFamilies) || conds["socketpair"] != 1 || conds["ptrace"] != 32 {
 		t.Errorf("conditional rules: %v", conds)
+	}
+}
+
+// Every pid but 1 is covered by the 32-bit cover of {1}, once.
+func TestPidCover(t *testing.T) {
+	c := cover(32, []ArgMatch{{Mask: 0xffffffff, Value: 1}})
+	if len(c) != 32 {
+		t.Errorf("%d prefixes, want 32", len(c))
+	}
+	for _, pid := range []uint32{0, 1, 2, 3, 100, 1 << 20, 0x80000001, 0xffffffff} {
+		n := 0
+		for _, m := range c {
+			if pid&m.Mask == m.Value {
+				n++
+			}
+		}
+		if want := map[bool]int{true: 0, false: 1}[pid == 1]; n != want {
+			t.Errorf("pid %#x matched by %d prefixes, want %d", pid, n, want)
+		}
 	}
 }

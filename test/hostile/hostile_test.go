@@ -11,6 +11,8 @@ package hostile
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
@@ -22,6 +24,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/internal/testutil"
+	"github.com/warrenhq/warren/internal/testutil/fakenet"
 	"github.com/warrenhq/warren/internal/testutil/uptest"
 )
 
@@ -31,15 +34,26 @@ type platform struct {
 	up     *uptest.Up
 	c      *client.Client
 	attack string // the attack program, built static
+	inet   *fakenet.Internet
 }
 
 func TestHostile(t *testing.T) {
 	testutil.RequireContainers(t)
 	testutil.RequireBinary(t, "go")
-	up := uptest.New(t, "--no-fn")
+	// Networked sandboxes reach a fake internet only; the node's rules
+	// outlive warren up (sandboxes keep their policies while no agent
+	// runs) and go with the test.
+	inet := fakenet.New(t)
+	dns := inet.DNS("203.0.113.53:53", map[string]string{"pypi.org": "203.0.113.10"})
+	b := make([]byte, 2)
+	rand.Read(b)
+	name := "h" + hex.EncodeToString(b)
+	t.Cleanup(func() { exec.Command("nft", "delete", "table", "inet", "warren_"+name).Run() })
+	up := uptest.New(t, "--no-fn", "--dns-upstream", dns.Addr, "--network-name", name,
+		"--network-pool", fmt.Sprintf("10.213.%d.0/24", 120+int(b[0])%100))
 	up.Start()
 	t.Cleanup(up.CleanupSandboxes)
-	p := &platform{up: up, c: client.New("http://"+up.Addr, up.Token())}
+	p := &platform{up: up, c: client.New("http://"+up.Addr, up.Token()), inet: inet}
 	p.attack = filepath.Join(t.TempDir(), "attack")
 	build := exec.Command("go", "build", "-o", p.attack, "./testdata/attack")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -61,6 +75,16 @@ var attacks = []struct {
 }{
 	{"Syscalls", testSyscalls},
 	{"Capabilities", testCapabilities},
+	{"ForgedCalls", testForgedCalls},
+	{"SearchForSecrets", testSearchForSecrets},
+	{"OverwriteShell", testOverwriteShell},
+	{"GrepProcSys", testGrepProcSys},
+	{"OutputFlood", testOutputFlood},
+	{"ForkBomb", testForkBomb},
+	{"MemoryBalloon", testMemoryBalloon},
+	{"EscapeDeletion", testEscapeDeletion},
+	{"OtherSandboxes", testOtherSandboxes},
+	{"PortScan", testPortScan},
 }
 
 // sandbox creates a busybox sandbox with the attack program at /attack,

@@ -1,0 +1,96 @@
+package hostile
+
+import (
+	"context"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/warrenhq/warren/api"
+)
+
+// A port scan from a sandbox with an open network connects nowhere it
+// must not: private and link-local (cloud metadata) addresses that the
+// test places on its fake internet, the node's gateway address, another
+// sandbox's address, and this host's own addresses at the apiserver's
+// port. A server on the fake internet's public range answers the same
+// scan, so the scan could have connected.
+func testPortScan(t *testing.T, p *platform) {
+	var forbidden atomic.Int64
+	serve := func(addr string, count *atomic.Int64) {
+		ln := p.inet.Listen(addr)
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				if count != nil {
+					count.Add(1)
+				}
+				c.Close()
+			}
+		}()
+	}
+	serve("203.0.113.10:80", nil)
+	private := p.inet.Route("10.99.7.0/24")
+	metadata := p.inet.Route("169.254.169.254/32")
+	for _, a := range []string{private.String(), metadata.String()} {
+		serve(net.JoinHostPort(a, "80"), &forbidden)
+		serve(net.JoinHostPort(a, "22"), &forbidden)
+	}
+
+	open := func(r *api.CreateSandboxRequest) { r.Network = &api.NetworkPolicy{Mode: api.NetworkOpen} }
+	neighbour := p.sandbox(t, open)
+	p.sh(t, neighbour, "mkdir -p /www && echo hi > /www/index.html && (httpd -f -p 0.0.0.0:8080 -h /www </dev/null >/dev/null 2>&1 &)")
+	scanner := p.sandbox(t, open)
+	nb, err := p.c.GetSandbox(context.Background(), neighbour)
+	if err != nil || nb.Network == nil || nb.Network.Address == "" {
+		t.Fatalf("the neighbour's address: %+v, %v", nb, err)
+	}
+	gateway := strings.TrimSpace(p.sh(t, scanner, "ip route | awk '/default/ { print $3 }'").Stdout)
+	if gateway == "" {
+		t.Fatal("no default route in the scanner")
+	}
+	_, apiPort, _ := strings.Cut(p.up.Addr, ":")
+	targets := []string{
+		private.String() + ":80", private.String() + ":22",
+		metadata.String() + ":80", metadata.String() + ":22",
+		nb.Network.Address + ":8080",
+		gateway + ":" + apiPort, gateway + ":22", gateway + ":2379",
+	}
+	for _, a := range hostAddrs(t) {
+		targets = append(targets, net.JoinHostPort(a, apiPort))
+	}
+	t.Logf("scanning %v", targets)
+	if r := p.sh(t, scanner, "/attack connect "+strings.Join(targets, " ")); r.Stdout != "connect: 0 connected\n" {
+		t.Errorf("the scan: %q %q", r.Stdout, r.Stderr)
+	}
+	if r := p.sh(t, scanner, "/attack connect 203.0.113.10:80"); r.Stdout != "connect: 1 connected\n" {
+		t.Errorf("the control (a public address): %q %q", r.Stdout, r.Stderr)
+	}
+	if n := forbidden.Load(); n != 0 {
+		t.Errorf("%d connections reached private or metadata servers", n)
+	}
+	sb, err := p.c.GetSandbox(context.Background(), scanner)
+	if err != nil || sb.Network == nil || sb.Network.DeniedConnections == 0 {
+		t.Errorf("denied connections not counted: %+v, %v", sb.Network, err)
+	}
+}
+
+// hostAddrs are this host's IPv4 addresses other than loopback.
+func hostAddrs(t *testing.T) []string {
+	ifs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, a := range ifs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() {
+			out = append(out, n.IP.String())
+		}
+	}
+	return out
+}

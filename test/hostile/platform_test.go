@@ -1,0 +1,246 @@
+package hostile
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/testutil"
+)
+
+// Nothing of the platform listens where a sandbox can reach it: the
+// apiserver's port on the sandbox's loopback is the sandbox's own (closed),
+// no unix socket of the platform is in its filesystem, and the abstract
+// socket namespace it sees is its own network namespace's.
+func testForgedCalls(t *testing.T, p *platform) {
+	id := p.sandbox(t)
+	_, port, _ := strings.Cut(p.up.Addr, ":")
+	r := p.sh(t, id, "/attack connect 127.0.0.1:"+port+" localhost:"+port+"; "+
+		"find / -xdev -type s 2>/dev/null | head; echo sockets-in-fs-done; "+
+		"tail -n +2 /proc/net/unix | wc -l")
+	lines := strings.Split(strings.TrimSpace(r.Stdout), "\n")
+	if len(lines) < 3 || lines[0] != "connect: 0 connected" {
+		t.Errorf("the apiserver's port from inside: %q", r.Stdout)
+	}
+	if lines[1] != "sockets-in-fs-done" {
+		t.Errorf("unix sockets in the sandbox's filesystem: %q", r.Stdout)
+	}
+	if n, _ := strconv.Atoi(lines[len(lines)-1]); n != 0 {
+		t.Errorf("%d unix sockets visible in /proc/net/unix: %q", n, r.Stdout)
+	}
+}
+
+// A canary planted on the host (in warren's data directory, beside its
+// logs and state), the admin token and the node's own token are nowhere a
+// sandbox can read: not its files, not any process's environment or
+// command line it can see.
+func testSearchForSecrets(t *testing.T, p *platform) {
+	canary := "warren-canary-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if err := os.WriteFile(filepath.Join(p.up.DataDir, "answers.txt"), []byte(canary+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	secrets := []string{canary, p.up.Token()}
+	id := p.sandbox(t)
+	// The patterns sit in a directory the search skips, so the search
+	// never finds its own pattern file or command line.
+	var pat strings.Builder
+	for _, s := range secrets {
+		pat.WriteString(s + "\n")
+	}
+	if err := p.c.WriteFile(context.Background(), id, "/.pat/p", 0o600, strings.NewReader(pat.String())); err != nil {
+		t.Fatal(err)
+	}
+	r := p.sh(t, id, "grep -rlF -f /.pat/p --exclude-dir=.pat --exclude-dir=proc --exclude-dir=sys / 2>/dev/null; "+
+		"cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline /proc/self/mountinfo 2>/dev/null | grep -cF -f /.pat/p; "+
+		"grep -rlF -f /.pat/p /sys/fs/cgroup 2>/dev/null; true")
+	if out := strings.TrimSpace(r.Stdout); out != "0" {
+		t.Errorf("secrets found in the sandbox: %q (stderr %q)", out, r.Stderr)
+	}
+}
+
+// An agent that replaces /bin/sh and busybox (every command of the
+// image) breaks only its own sandbox: the layer under it is read-only,
+// so another sandbox of the same image, and a new one, run the real
+// ones.
+func testOverwriteShell(t *testing.T, p *platform) {
+	victim := p.sandbox(t)
+	other := p.sandbox(t)
+	p.sh(t, victim, "for f in /bin/sh /bin/busybox; do rm -f $f; printf '#!/attack\\n' > $f; chmod 755 $f; done; true")
+	for _, id := range []string{other, p.sandbox(t)} {
+		r := p.sh(t, id, "echo $((6*7)); readlink -f /bin/sh; wc -c < /bin/busybox")
+		f := strings.Fields(r.Stdout)
+		if len(f) != 3 || f[0] != "42" || f[1] != "/bin/busybox" || f[2] == "10" {
+			t.Errorf("sandbox %s after another overwrote its shell: %q, %q", id, r.Stdout, r.Stderr)
+		}
+	}
+}
+
+// A recursive grep of /proc and /sys from several sandboxes at once (a
+// crash DSec saw): each ends, and the node answers afterwards (checked by
+// the suite after every attack).
+func testGrepProcSys(t *testing.T, p *platform) {
+	var wg sync.WaitGroup
+	for i := 0; i < 3; i++ {
+		id := p.sandbox(t)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r, err := p.c.Exec(context.Background(), id, api.ExecRequest{
+				Cmd:     "timeout 60 grep -r -s -c warren /proc /sys > /dev/null; echo done",
+				Timeout: api.Duration(testutil.Scale(2 * time.Minute)),
+			})
+			if err != nil || !strings.Contains(r.Stdout, "done") {
+				t.Errorf("grep in %s: %+v, %v", id, r, err)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// `yes` for seconds through exec: the captured output stops at the cap,
+// the command is told so, and warren's memory stays flat.
+func testOutputFlood(t *testing.T, p *platform) {
+	id := p.sandbox(t)
+	before := rss(t, p.up.Cmd.Process.Pid)
+	r, err := p.c.Exec(context.Background(), id, api.ExecRequest{Cmd: "timeout 10 yes; echo end >&2", MaxOutput: 1 << 20,
+		Timeout: api.Duration(testutil.Scale(time.Minute))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := rss(t, p.up.Cmd.Process.Pid)
+	t.Logf("yes wrote %d MB; captured %d bytes; warren up RSS %d -> %d MiB", r.StdoutBytes>>20, len(r.Stdout), before>>20, after>>20)
+	if !r.StdoutTruncated || len(r.Stdout) > 1<<20 || r.StdoutBytes < 100<<20 {
+		t.Errorf("output flood: truncated %v, captured %d, written %d", r.StdoutTruncated, len(r.Stdout), r.StdoutBytes)
+	}
+	if after > before+64<<20 {
+		t.Errorf("warren up grew from %d to %d MiB under the flood", before>>20, after>>20)
+	}
+}
+
+// rss is process pid's resident memory in bytes.
+func rss(t *testing.T, pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmRSS")
+	return 0
+}
+
+// A fork bomb under a pids limit stays inside: the neighbour answers,
+// and the bomb's sandbox is deleted promptly.
+func testForkBomb(t *testing.T, p *platform) {
+	id := p.sandbox(t, func(r *api.CreateSandboxRequest) { r.Resources.PIDs = 64 })
+	neighbour := p.sandbox(t)
+	p.c.Exec(context.Background(), id, api.ExecRequest{Cmd: "b() { b | b & }; b", Timeout: api.Duration(5 * time.Second)})
+	if r := p.sh(t, neighbour, "echo fine"); r.Stdout != "fine\n" {
+		t.Errorf("neighbour during the bomb: %+v", r)
+	}
+	start := time.Now()
+	if err := p.c.DeleteSandbox(context.Background(), id); err != nil {
+		t.Fatalf("delete the bomb's sandbox: %v", err)
+	}
+	t.Logf("deleted in %v", time.Since(start))
+}
+
+// A memory balloon past the sandbox's limit is killed inside it: the
+// sandbox and the node go on.
+func testMemoryBalloon(t *testing.T, p *platform) {
+	id := p.sandbox(t, func(r *api.CreateSandboxRequest) { r.Resources.Memory = 64 << 20 })
+	r := p.sh(t, id, "head -c 536870912 /dev/zero | sort > /dev/null; echo exit=$?")
+	if strings.TrimSpace(r.Stdout) == "exit=0" {
+		t.Errorf("a 512 MiB balloon under 64 MiB finished: %+v", r)
+	}
+	if r := p.sh(t, id, "echo still"); r.Stdout != "still\n" {
+		t.Errorf("the sandbox after its balloon: %+v", r)
+	}
+}
+
+// setsid and a double fork do not outlive the sandbox: after delete, no
+// process of it is left on the host.
+func testEscapeDeletion(t *testing.T, p *platform) {
+	id := p.sandbox(t)
+	marker := strconv.Itoa(1000000 + int(time.Now().UnixNano()%999999))
+	p.sh(t, id, "setsid sleep "+marker+" </dev/null >/dev/null 2>&1 & "+
+		"(sh -c 'sleep "+marker+" </dev/null >/dev/null 2>&1 &' &) ; "+
+		"nohup sleep "+marker+" </dev/null >/dev/null 2>&1 & sleep 1; echo started")
+	// Background processes that hold nothing of the exec's live on (that
+	// is how an agent starts a server); at least one of these must have.
+	n := hostProcs(t, "sleep "+marker)
+	t.Logf("%d of 3 escapees running before delete", n)
+	if n == 0 {
+		t.Fatalf("no escapee running before delete; in the sandbox: %s", p.sh(t, id, "ps -o pid,ppid,args").Stdout)
+	}
+	if err := p.c.DeleteSandbox(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	if n := hostProcs(t, "sleep "+marker); n != 0 {
+		t.Errorf("%d processes of the sandbox survived its deletion", n)
+	}
+}
+
+// hostProcs counts the host's processes whose command line is cmdline.
+func hostProcs(t *testing.T, cmdline string) int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err == nil && strings.Join(strings.Split(strings.TrimRight(string(b), "\x00"), "\x00"), " ") == cmdline {
+			n++
+		}
+	}
+	return n
+}
+
+// hostPid is the host pid of the process whose command line is cmdline.
+func hostPid(t *testing.T, cmdline string) int {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err == nil && strings.Join(strings.Split(strings.TrimRight(string(b), "\x00"), "\x00"), " ") == cmdline {
+			pid, _ := strconv.Atoi(e.Name())
+			return pid
+		}
+	}
+	t.Fatalf("no process %q on the host", cmdline)
+	return 0
+}
+
+// Another sandbox's processes and files are out of reach: its processes
+// are not in this one's pid namespace (signal and ptrace by their host
+// pids fail), its files are nowhere in this one's tree, and this
+// sandbox's own init cannot be traced either.
+func testOtherSandboxes(t *testing.T, p *platform) {
+	victim := p.sandbox(t)
+	attacker := p.sandbox(t)
+	marker := strconv.Itoa(2000000 + int(time.Now().UnixNano()%999999))
+	p.sh(t, victim, "echo secret-"+marker+" > /root/secret-"+marker+"; (sleep "+marker+" </dev/null >/dev/null 2>&1 &); echo ok")
+	pid := strconv.Itoa(hostPid(t, "sleep "+marker))
+	r := p.sh(t, attacker, "/attack kill "+pid+"; /attack ptrace "+pid+"; /attack ptrace 1; "+
+		"stat -c 'mem %t,%T' /proc/1/mem; "+
+		"find / -name 'secret-"+marker+"' 2>/dev/null | grep -v '^/proc' | head -3; echo done")
+	// The init's memory file is masked (/dev/null, device 1,3).
+	want := "kill: ESRCH\nptrace: ESRCH\nptrace: EPERM\nmem 1,3\ndone\n"
+	if r.Stdout != want {
+		t.Errorf("from the attacker: %q, want %q", r.Stdout, want)
+	}
+	if r := p.sh(t, victim, "cat /root/secret-"+marker); r.Stdout != "secret-"+marker+"\n" {
+		t.Errorf("the victim's file after the attack: %q", r.Stdout)
+	}
+}
