@@ -29,11 +29,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/api"
@@ -208,6 +210,16 @@ func run(n, conc, rounds int, keep, withTLS bool) error {
 		return fmt.Errorf("read warren's OCI spec: %w", err)
 	}
 	if err := c.DeleteSandbox(ctx, probe.ID); err != nil {
+		return err
+	}
+	// Its resolv.conf (the node's DNS proxy) lives in the probe's directory,
+	// gone with it; a bare runtime would not bind one.
+	var spec specs.Spec
+	if err := json.Unmarshal(hardened, &spec); err != nil {
+		return fmt.Errorf("warren's OCI spec: %w", err)
+	}
+	spec.Mounts = slices.DeleteFunc(spec.Mounts, func(m specs.Mount) bool { return m.Destination == "/etc/resolv.conf" })
+	if hardened, err = json.Marshal(&spec); err != nil {
 		return err
 	}
 	raw, err := newRawRunc(filepath.Join(dir, "raw"), layer.Path)

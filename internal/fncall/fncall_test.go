@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -675,27 +676,31 @@ func TestCPUCap(t *testing.T) {
 	}
 	hierarchy := strings.TrimSuffix(parent, s.cfg.CgroupParent)
 	comounted := filepath.Base(hierarchy) == "cpuacct"
-	// No cgroup namespace: /proc/self/cgroup shows the host's path.
-	script := `grep -E ':cpu(,cpuacct)?:' /proc/self/cgroup | cut -d: -f3
-n=0; while [ $n -lt 60000 ]; do n=$((n+1)); done`
+	// The box has a cgroup namespace of its own (/proc/self/cgroup says
+	// "/" inside): the host reads the run's cgroup while it sleeps, by a
+	// sleep's argument no other process has.
 	runIn := func(rt string) (string, api.FnCaseResult) {
 		t.Helper()
-		req := sh(script)
+		marker := fmt.Sprintf("0.%d", 3000+time.Now().UnixNano()%1000)
+		req := sh("sleep " + marker + "\nn=0; while [ $n -lt 60000 ]; do n=$((n+1)); done")
 		req.Runtime = rt
+		cg := make(chan string, 1)
+		go func() {
+			for deadline := time.Now().Add(testutil.Scale(10 * time.Second)); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+				if pid := pidOf("sleep " + marker); pid > 0 {
+					cg <- cpuCgroupOf(strconv.Itoa(pid))
+					return
+				}
+			}
+			cg <- "(the run's sleep never seen)"
+		}()
 		c := one(t, run(t, s, req))
 		if c.Status != api.FnOK {
 			t.Fatalf("%s: %+v", rt, c)
 		}
-		return strings.TrimSpace(c.Stdout), c
+		return <-cg, c
 	}
-	ours := ""
-	if b, err := os.ReadFile("/proc/self/cgroup"); err == nil {
-		for _, line := range strings.Split(string(b), "\n") {
-			if f := strings.SplitN(line, ":", 3); len(f) == 3 && (f[1] == "cpu" || f[1] == "cpu,cpuacct") {
-				ours = f[2]
-			}
-		}
-	}
+	ours := cpuCgroupOf("self")
 	got, free1 := runIn("sh")
 	if comounted && !strings.HasPrefix(got, s.cfg.CgroupParent+"/fn-") || !comounted && got != ours {
 		t.Errorf("uncapped run in cpu cgroup %q, want this process's %q (cpu and cpuacct one hierarchy: %v)", got, ours, comounted)
@@ -709,6 +714,31 @@ n=0; while [ $n -lt 60000 ]; do n=$((n+1)); done`
 		t.Errorf("capped container's quota %q (%v), want 25000", quota, err)
 	}
 	checkCapped(t, free1, capped1)
+}
+
+// pidOf is the host pid of a process whose command line is cmdline, or 0.
+func pidOf(cmdline string) int {
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err == nil && strings.ReplaceAll(strings.TrimRight(string(b), "\x00"), "\x00", " ") == cmdline {
+			pid, _ := strconv.Atoi(e.Name())
+			return pid
+		}
+	}
+	return 0
+}
+
+// cpuCgroupOf is process pid's cgroup in the v1 cpu hierarchy, as the
+// host sees it ("self" for this process).
+func cpuCgroupOf(pid string) string {
+	b, _ := os.ReadFile("/proc/" + pid + "/cgroup")
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.SplitN(line, ":", 3); len(f) == 3 && (f[1] == "cpu" || f[1] == "cpu,cpuacct") {
+			return f[2]
+		}
+	}
+	return ""
 }
 
 // checkCapped: at a quarter of a CPU the same work takes about 4x its CPU

@@ -73,7 +73,7 @@ func TestSeccompFilter(t *testing.T) {
 		{0x40049409, retEperm},         // FICLONE
 		{0xdead000040049409, retEperm}, // FICLONE, junk above
 		{0xc0c0586d, retEperm},         // XFS_IOC_SWAPEXT
-		{unix.TIOCSTI, retEperm},
+		{0xc028660f, retEperm},         // EXT4_IOC_MOVE_EXT
 		{unix.TCGETS, retAllow},
 		{0x541b, retAllow},     // FIONREAD
 		{0x80086601, retAllow}, // FS_IOC_GETFLAGS

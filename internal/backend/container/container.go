@@ -22,6 +22,7 @@
 package container
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -145,6 +146,9 @@ func New(cfg Config) (*Container, error) {
 			return nil, fmt.Errorf("container backend: %w", err)
 		}
 	}
+	if err := c.installInit(); err != nil {
+		return nil, fmt.Errorf("container backend: %w", err)
+	}
 	c.noSwapCtl = cgroupV1WithoutSwap()
 	c.rlimits = sandboxRlimits()
 	c.runcEnv = runcEnv()
@@ -267,4 +271,40 @@ func (c *Container) releaseLayers(s *sandbox) error {
 	}
 	s.layers = nil
 	return errors.Join(errs...)
+}
+
+// installInit copies the init binary (catatonit) into the state directory
+// with mode 0111, execute only, and points InitPath at the copy. A process
+// that execs a file it may not read is made non-dumpable by the kernel,
+// and the sandbox's init runs with no capabilities (ociSpec), so it cannot
+// read its own binary: nothing in the sandbox (root without
+// CAP_SYS_PTRACE) may ptrace it, read or write its memory through
+// /proc/1/mem or process_vm_writev, or take its file descriptors with
+// pidfd_getfd. The node enters sandboxes through their init's namespaces.
+// A missing binary is left to Available.
+func (c *Container) installInit() error {
+	src, err := os.ReadFile(c.cfg.InitPath)
+	if err != nil {
+		return nil
+	}
+	dst := filepath.Join(c.cfg.StateDir, "init")
+	if old, err := os.ReadFile(dst); err == nil && bytes.Equal(old, src) {
+		if fi, err := os.Stat(dst); err == nil && fi.Mode().Perm() == 0o111 {
+			c.cfg.InitPath = dst
+			return nil
+		}
+	}
+	tmp := dst + ".tmp"
+	os.Remove(tmp)
+	if err := os.WriteFile(tmp, src, 0o700); err != nil {
+		return err
+	}
+	if err := os.Chmod(tmp, 0o111); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return err
+	}
+	c.cfg.InitPath = dst
+	return nil
 }

@@ -130,6 +130,10 @@ func (c *Container) ociSpec(spec backend.Spec, rootfs string) (*specs.Spec, erro
 	if err := guard.Harden(s); err != nil {
 		return nil, err
 	}
+	// init reaps and waits: it needs no capability, and without
+	// CAP_DAC_OVERRIDE it cannot read its execute-only binary, which makes
+	// it non-dumpable (installInit).
+	s.Process.Capabilities = &specs.LinuxCapabilities{}
 	return s, nil
 }
 
