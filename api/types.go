@@ -403,6 +403,28 @@ type Node struct {
 	// FnRuntimes are the FnCall runtimes the node declares, with their
 	// pools' state; apiservers route FnCalls by them.
 	FnRuntimes []FnRuntime `json:"fn_runtimes,omitempty"`
+	// Security is what the node enforces on its sandboxes (empty from
+	// nodes that predate it).
+	Security *NodeSecurity `json:"security,omitempty"`
+}
+
+// NodeSecurity is Node.Security.
+type NodeSecurity struct {
+	// Enforced names the mechanisms every sandbox of the node gets:
+	// seccomp, no-new-privs, capabilities, masked-paths, ioctl-filter,
+	// socket-filter.
+	Enforced []string `json:"enforced"`
+	// LSMs are the Linux security modules warren knows of (landlock,
+	// apparmor): whether the host runs each, whether warren applies it.
+	LSMs []NodeLSM `json:"lsms,omitempty"`
+}
+
+// NodeLSM is one Linux security module on a node.
+type NodeLSM struct {
+	Name    string `json:"name"`
+	Active  bool   `json:"active"`  // the host's kernel runs it
+	Applied bool   `json:"applied"` // warren confines sandboxes with it
+	Note    string `json:"note,omitempty"`
 }
 
 // How a node limits a sandbox's disk (Node.DiskQuota).

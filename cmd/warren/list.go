@@ -65,7 +65,7 @@ func newNodeLsCmd(a *app) *cobra.Command {
 				}
 				return writeJSON(a.stdout, api.NodeList{Nodes: nodes})
 			}
-			tw := newTable(a.stdout, "ID", "POOL", "HEALTHY", "ADDRESS", "BACKENDS", "CPU", "MEMORY", "SANDBOXES", "DISK-QUOTA", "NETWORK", "PROBLEMS")
+			tw := newTable(a.stdout, "ID", "POOL", "HEALTHY", "ADDRESS", "BACKENDS", "CPU", "MEMORY", "SANDBOXES", "DISK-QUOTA", "NETWORK", "SECURITY", "PROBLEMS")
 			for _, n := range nodes {
 				health := "yes"
 				if !n.Healthy {
@@ -83,7 +83,7 @@ func newNodeLsCmd(a *app) *cobra.Command {
 					num(n.Usage.CPU)+"/"+num(n.Capacity.CPU),
 					memHuman(n.Usage.Memory)+"/"+memHuman(n.Capacity.Memory),
 					fmt.Sprintf("%d/%d", n.Usage.Sandboxes, n.Capacity.Sandboxes),
-					orDash(n.DiskQuota), network,
+					orDash(n.DiskQuota), network, securitySummary(n.Security),
 					orDash(strings.Join(n.Problems, "; ")))
 			}
 			return tw.Flush()
@@ -101,4 +101,25 @@ func memHuman(q api.Quantity) string {
 		return s
 	}
 	return fmtBytes(int64(q))
+}
+
+// securitySummary is node ls's SECURITY column: how many of guard's
+// measures the node enforces, and each LSM as applied, unused (the host
+// runs it, warren does not use it yet) or off.
+func securitySummary(s *api.NodeSecurity) string {
+	if s == nil {
+		return "-"
+	}
+	parts := []string{fmt.Sprintf("%d-measures", len(s.Enforced))}
+	for _, l := range s.LSMs {
+		state := "off"
+		switch {
+		case l.Applied:
+			state = "applied"
+		case l.Active:
+			state = "unused"
+		}
+		parts = append(parts, l.Name+":"+state)
+	}
+	return strings.Join(parts, ",")
 }

@@ -191,6 +191,7 @@ func (e *entry) view(maxMissed int) NodeView {
 		n.FnRuntimes = e.status.FnRuntimes
 		n.DiskQuota = e.status.DiskQuota
 		n.Network = e.status.Network
+		n.Security = e.status.Security
 	}
 	v := NodeView{Node: n, Polled: e.polled, Missed: e.missed, LastPoll: e.lastPoll, Secret: e.secret, e: e}
 	v.Unreachable = maxMissed > 0 && e.missed >= maxMissed

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 )
 
 func TestHarden(t *testing.T) {
@@ -77,5 +78,20 @@ func TestSeccompCopies(t *testing.T) {
 	}
 	if b.Syscalls[0].Names[0] == "changed" || len(b.Syscalls) == 1 {
 		t.Error("Seccomp returned shared state")
+	}
+}
+
+// LSMs reports Landlock as the kernel answers for it.
+func TestLSMs(t *testing.T) {
+	got := map[string]LSM{}
+	for _, l := range LSMs() {
+		got[l.Name] = l
+	}
+	_, _, errno := unix.Syscall(unix.SYS_LANDLOCK_CREATE_RULESET, 0, 0, unix.LANDLOCK_CREATE_RULESET_VERSION)
+	if ll, ok := got["landlock"]; !ok || ll.Active != (errno == 0) || ll.Applied {
+		t.Errorf("landlock: %+v, kernel says %v", ll, errno)
+	}
+	if _, ok := got["apparmor"]; !ok {
+		t.Error("no apparmor entry")
 	}
 }

@@ -103,6 +103,7 @@ type Agent struct {
 	backends map[string]backend.Backend
 	problems []string // backends unavailable here, and why
 	disk     string   // api.Node.DiskQuota (disk.go)
+	security *api.NodeSecurity
 	log      *slog.Logger
 
 	mu        sync.Mutex
@@ -180,6 +181,7 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	if cfg.Network == nil && cfg.NetworkProblem != "" {
 		a.problems = append(a.problems, "network: "+cfg.NetworkProblem)
 	}
+	a.security = nodeSecurity()
 	dq, why := nodeDiskQuota(a.backends)
 	a.disk = dq.Mechanism
 	if why != "" {
@@ -324,6 +326,7 @@ func (a *Agent) Status() api.Node {
 		UpdatedAt: time.Now().UTC(),
 		DiskQuota: a.disk,
 		Network:   a.cfg.Network != nil,
+		Security:  a.security,
 	}
 	for name := range a.backends {
 		n.Backends = append(n.Backends, name)
@@ -384,3 +387,13 @@ func (a *Agent) lookup(id string) (*sandbox, error) {
 }
 
 var errClosed = errors.New("agent closed")
+
+// nodeSecurity is what the node reports it enforces (package guard's
+// measures, applied by every backend that isolates) and the host's LSMs.
+func nodeSecurity() *api.NodeSecurity {
+	s := &api.NodeSecurity{Enforced: guard.Enforced()}
+	for _, l := range guard.LSMs() {
+		s.LSMs = append(s.LSMs, api.NodeLSM{Name: l.Name, Active: l.Active, Applied: l.Applied, Note: l.Note})
+	}
+	return s
+}
