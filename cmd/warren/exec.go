@@ -78,28 +78,7 @@ The command is an argv: no shell parses it. Use --sh 'CMD STRING' for
 			if err != nil {
 				return err
 			}
-			reportTruncation(a.stderr, "stdout", res.StdoutTruncated, stdout.n, res.StdoutBytes)
-			reportTruncation(a.stderr, "stderr", res.StderrTruncated, stderr.n, res.StderrBytes)
-			code := exitCode(res)
-			switch {
-			case res.TimedOut:
-				after := timeout
-				if after == 0 && res.DurationMs > 0 {
-					after = (time.Duration(res.DurationMs) * time.Millisecond).Round(100 * time.Millisecond)
-				}
-				if after > 0 {
-					fmt.Fprintf(a.stderr, "warren: exec timed out after %s\n", after)
-				} else {
-					fmt.Fprintln(a.stderr, "warren: exec timed out")
-				}
-				code = exitTimedOut
-			case res.Signal != "":
-				fmt.Fprintf(a.stderr, "warren: command killed by %s\n", res.Signal)
-			}
-			if code != 0 {
-				return exitError{code}
-			}
-			return nil
+			return a.execOutcome(res, stdout, stderr, timeout)
 		},
 	}
 	f := c.Flags()
@@ -111,6 +90,33 @@ The command is an argv: no shell parses it. Use --sh 'CMD STRING' for
 	f.StringVar(&maxOutput, "max-output", "", "cap on each of stdout and stderr, e.g. 1Mi (server default when empty)")
 	f.StringVar(&shell, "sh", "", "run this string with /bin/sh -c instead of an argv")
 	return c
+}
+
+// execOutcome reports a streamed exec's truncation, timeout or signal on
+// stderr and turns its result into warren's exit status (exitError).
+func (a *app) execOutcome(res *api.ExecResult, stdout, stderr *countWriter, timeout time.Duration) error {
+	reportTruncation(a.stderr, "stdout", res.StdoutTruncated, stdout.n, res.StdoutBytes)
+	reportTruncation(a.stderr, "stderr", res.StderrTruncated, stderr.n, res.StderrBytes)
+	code := exitCode(res)
+	switch {
+	case res.TimedOut:
+		after := timeout
+		if after == 0 && res.DurationMs > 0 {
+			after = (time.Duration(res.DurationMs) * time.Millisecond).Round(100 * time.Millisecond)
+		}
+		if after > 0 {
+			fmt.Fprintf(a.stderr, "warren: exec timed out after %s\n", after)
+		} else {
+			fmt.Fprintln(a.stderr, "warren: exec timed out")
+		}
+		code = exitTimedOut
+	case res.Signal != "":
+		fmt.Fprintf(a.stderr, "warren: command killed by %s\n", res.Signal)
+	}
+	if code != 0 {
+		return exitError{code}
+	}
+	return nil
 }
 
 // exitCode maps a result to a process exit status: the command's own, or

@@ -78,6 +78,7 @@ var attacks = []struct {
 	{"ForgedCalls", testForgedCalls},
 	{"SearchForSecrets", testSearchForSecrets},
 	{"OverwriteShell", testOverwriteShell},
+	{"VerifyCleanRoom", testVerifyCleanRoom},
 	{"GrepProcSys", testGrepProcSys},
 	{"OutputFlood", testOutputFlood},
 	{"ForkBomb", testForkBomb},

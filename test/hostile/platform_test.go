@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/internal/testutil"
 )
 
@@ -79,6 +80,33 @@ func testOverwriteShell(t *testing.T, p *platform) {
 		if len(f) != 3 || f[0] != "42" || f[1] != "/bin/busybox" || f[2] == "10" {
 			t.Errorf("sandbox %s after another overwrote its shell: %q, %q", id, r.Stdout, r.Stderr)
 		}
+	}
+}
+
+// The verdict does not run on the agent's binaries: an agent that
+// replaced its shell and planted a link to the grader's expected output
+// beside its answer gets checked by `warren sandbox verify`'s clean room,
+// where the shell is the image's and the link never arrives.
+func testVerifyCleanRoom(t *testing.T, p *platform) {
+	id := p.sandbox(t)
+	p.sh(t, id, "mkdir -p /work && echo 41 > /work/answer && ln -s /etc/expected /work/expected && "+
+		"for f in /bin/sh /bin/busybox; do rm -f $f; printf '#!/attack\\n' > $f; chmod 755 $f; done; true")
+	if r, err := p.c.Exec(context.Background(), id, api.ExecRequest{Cmd: "echo $((6*7))"}); err == nil && r.Stdout == "42\n" {
+		t.Fatalf("the agent's shell still answers: the overwrite did not happen")
+	}
+	res, err := p.c.Verify(context.Background(), id, client.VerifyRequest{Image: "busybox", Copy: []string{"/work"},
+		Exec: api.ExecRequest{Cmd: "echo 42 > /etc/expected; echo $((6*7)); cat /work/answer; ls /work"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ExitCode != 0 || res.Stdout != "42\n41\nanswer\n" {
+		t.Errorf("the check in the clean room: exit %d, %q, %q", res.ExitCode, res.Stdout, res.Stderr)
+	}
+	if len(res.Skipped) != 1 || !strings.HasPrefix(res.Skipped[0], "work/expected: ") {
+		t.Errorf("skipped %q, want the link to /etc/expected", res.Skipped)
+	}
+	if _, err := p.c.GetSandbox(context.Background(), res.Verifier); err == nil {
+		t.Errorf("the verifier %s outlived the check", res.Verifier)
 	}
 }
 
