@@ -167,19 +167,7 @@ func (c *Client) CopyFrom(ctx context.Context, id, remotePath, localPath string,
 	}
 	defer root.Close()
 
-	top := path.Base(remote)
-	mapName := func(name string) (string, error) {
-		if remote == "/" {
-			return name, nil
-		}
-		if name == top {
-			return ".", nil
-		}
-		if rest, ok := strings.CutPrefix(name, top+"/"); ok {
-			return rest, nil
-		}
-		return "", refuse(name, "not under %q", top)
-	}
+	mapName := treeNames(remote)
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -206,6 +194,25 @@ func (c *Client) CopyFrom(ctx context.Context, id, remotePath, localPath string,
 		return fmt.Errorf("extract %s into %s: %w", remote, dest, xerr)
 	}
 	return nil
+}
+
+// treeNames maps the entry names of a sandbox's archive of directory
+// remote (which holds it under its base name) to names relative to the
+// tree's top ("." for the top itself), refusing anything else.
+func treeNames(remote string) func(string) (string, error) {
+	top := path.Base(remote)
+	return func(name string) (string, error) {
+		if remote == "/" {
+			return name, nil
+		}
+		if name == top {
+			return ".", nil
+		}
+		if rest, ok := strings.CutPrefix(name, top+"/"); ok {
+			return rest, nil
+		}
+		return "", refuse(name, "not under %q", top)
+	}
 }
 
 // downloadFile writes a sandbox file to dest through a temporary file in the

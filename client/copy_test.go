@@ -222,22 +222,7 @@ func TestCopyFromHostileArchive(t *testing.T) {
 		{"device", []tar.Header{{Name: "work/null", Typeflag: tar.TypeChar, Devmajor: 1, Devminor: 3}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			hostile := func(w http.ResponseWriter, r *http.Request) bool {
-				if !strings.HasSuffix(r.URL.Path, "/files") || r.URL.Query().Get("format") != "tar" {
-					return false
-				}
-				var buf bytes.Buffer
-				tw := tar.NewWriter(&buf)
-				for _, h := range tc.entries {
-					h.Mode = 0o644
-					tw.WriteHeader(&h)
-				}
-				tw.Close()
-				w.Header().Set("Content-Type", "application/x-tar")
-				w.Write(buf.Bytes())
-				return true
-			}
-			_, c, id := newSandbox(t, clienttest.WithIntercept(hostile))
+			_, c, id := newSandbox(t, clienttest.WithIntercept(serveArchive(tc.entries)))
 			base := t.TempDir()
 			dest := filepath.Join(base, "dest")
 			err := c.CopyFrom(context.Background(), id, "/work", dest)
@@ -281,22 +266,7 @@ func TestCopyFromLinks(t *testing.T) {
 	inside := map[string]string{"rel": "d/f", "d/up": "../d/f", "abs-in": "d/f", "d/abs-top": "..", "d/back": ".."}
 	out := map[string]string{"token": "/root/.warren/token", "ssh": "../../.ssh/id_ed25519",
 		"chain": "d/back/..", "loop": "loop/x", "hard": "/root/.warren/token"}
-	hostile := func(w http.ResponseWriter, r *http.Request) bool {
-		if !strings.HasSuffix(r.URL.Path, "/files") || r.URL.Query().Get("format") != "tar" {
-			return false
-		}
-		var buf bytes.Buffer
-		tw := tar.NewWriter(&buf)
-		for _, h := range entries {
-			h.Mode = 0o644
-			tw.WriteHeader(&h)
-		}
-		tw.Close()
-		w.Header().Set("Content-Type", "application/x-tar")
-		w.Write(buf.Bytes())
-		return true
-	}
-	_, c, id := newSandbox(t, clienttest.WithIntercept(hostile))
+	_, c, id := newSandbox(t, clienttest.WithIntercept(serveArchive(entries)))
 	links := func(t *testing.T, dir string) map[string]string {
 		got := map[string]string{}
 		filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
@@ -354,4 +324,24 @@ func TestCopyFromLinks(t *testing.T) {
 			}
 		}
 	})
+}
+
+// serveArchive answers every tar download with an archive of entries (mode
+// 0644, no contents), as a compromised sandbox could.
+func serveArchive(entries []tar.Header) func(http.ResponseWriter, *http.Request) bool {
+	return func(w http.ResponseWriter, r *http.Request) bool {
+		if !strings.HasSuffix(r.URL.Path, "/files") || r.URL.Query().Get("format") != "tar" {
+			return false
+		}
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		for _, h := range entries {
+			h.Mode = 0o644
+			tw.WriteHeader(&h)
+		}
+		tw.Close()
+		w.Header().Set("Content-Type", "application/x-tar")
+		w.Write(buf.Bytes())
+		return true
+	}
 }

@@ -100,11 +100,7 @@ func (l *linkSet) take(hdr *tar.Header, name string, mapName func(string) (strin
 			return refuse(hdr.Name, "empty link target")
 		}
 	case tar.TypeLink: // a hard link to a link is that link again
-		oldClean, err := cleanEntryName(hdr.Linkname)
-		if err != nil {
-			return err
-		}
-		old, err := mapName(oldClean)
+		_, old, err := entryName(hdr.Linkname, mapName)
 		if err != nil {
 			return err
 		}

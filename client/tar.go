@@ -145,6 +145,16 @@ func cleanEntryName(name string) (string, error) {
 	return path.Clean(name), nil
 }
 
+// entryName cleans an archive entry's name from a stranger and maps it
+// with mapName (see extract): it returns both.
+func entryName(name string, mapName func(string) (string, error)) (clean, mapped string, err error) {
+	if clean, err = cleanEntryName(name); err != nil {
+		return "", "", err
+	}
+	mapped, err = mapName(clean)
+	return clean, mapped, err
+}
+
 type dirMeta struct {
 	name  string
 	mode  fs.FileMode
@@ -178,11 +188,7 @@ func extract(root *os.Root, r io.Reader, mapName func(string) (string, error), a
 		if hdr.Typeflag == tar.TypeXGlobalHeader {
 			continue
 		}
-		clean, err := cleanEntryName(hdr.Name)
-		if err != nil {
-			return err
-		}
-		name, err := mapName(clean)
+		_, name, err := entryName(hdr.Name, mapName)
 		if err != nil {
 			return err
 		}
@@ -317,11 +323,7 @@ func extractEntry(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string, m
 		// later operation goes through root, which will not follow it out.
 		return root.Symlink(hdr.Linkname, name)
 	case tar.TypeLink:
-		oldClean, err := cleanEntryName(hdr.Linkname)
-		if err != nil {
-			return err
-		}
-		old, err := mapName(oldClean)
+		_, old, err := entryName(hdr.Linkname, mapName)
 		if err != nil {
 			return err
 		}

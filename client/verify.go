@@ -9,7 +9,6 @@ import (
 	"os"
 	"path"
 	"sort"
-	"strings"
 
 	"github.com/warrenhq/warren/api"
 )
@@ -148,19 +147,7 @@ func (c *Client) copyBetween(ctx context.Context, from, to, p string) ([]string,
 // in the archive), and reporting each to skip. Links come last in the
 // output, after everything they could point at.
 func filterTree(r io.Reader, w io.Writer, remote string, skip func(name, why string)) error {
-	top := path.Base(remote)
-	mapName := func(name string) (string, error) {
-		if remote == "/" {
-			return name, nil
-		}
-		if name == top {
-			return ".", nil
-		}
-		if rest, ok := strings.CutPrefix(name, top+"/"); ok {
-			return rest, nil
-		}
-		return "", refuse(name, "not under %q", top)
-	}
+	mapName := treeNames(remote)
 	links := &linkSet{remote: remote, links: map[string]string{}}
 	tr, tw := tar.NewReader(r), tar.NewWriter(w)
 	archiveName := map[string]string{}
@@ -172,11 +159,7 @@ func filterTree(r io.Reader, w io.Writer, remote string, skip func(name, why str
 		if err != nil {
 			return err
 		}
-		clean, err := cleanEntryName(hdr.Name)
-		if err != nil {
-			return err
-		}
-		name, err := mapName(clean)
+		clean, name, err := entryName(hdr.Name, mapName)
 		if err != nil {
 			return err
 		}
