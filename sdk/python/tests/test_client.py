@@ -101,6 +101,44 @@ class ClientTest(unittest.TestCase):
             self.assertEqual((n["mode"], n["allow"]), ("allowlist", ["203.0.113.7:443"]))
             self.c.update_network(self.sb["id"], mode="none")
 
+    def test_verify(self):
+        # The agent's tree: an answer, a link inside, a link out of the tree.
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tf:
+            for name, kind, extra in (("work", tarfile.DIRTYPE, ""), ("work/answer", tarfile.REGTYPE, "41\n"),
+                                      ("work/same", tarfile.SYMTYPE, "/work/answer"),
+                                      ("work/expected", tarfile.SYMTYPE, "/grader/expected"),
+                                      ("work/chain", tarfile.SYMTYPE, "sub/../../x")):
+                ti = tarfile.TarInfo(name)
+                ti.type, ti.mode = kind, 0o755 if kind == tarfile.DIRTYPE else 0o644
+                data = None
+                if kind == tarfile.SYMTYPE:
+                    ti.linkname = extra
+                elif kind == tarfile.REGTYPE:
+                    data = extra.encode()
+                    ti.size = len(data)
+                tf.addfile(ti, io.BytesIO(data) if data else None)
+        agent = self.c.create_sandbox("busybox")["id"]
+        try:
+            self.c.write_tar(agent, "/", buf.getvalue())
+            v = self.c.verify(agent, "busybox", ["/work"], ["true"], keep=True)
+            try:
+                self.assertEqual(v.result.exit_code, 0)
+                self.assertEqual(sorted(v.skipped), [
+                    "work/chain: symbolic link to sub/../../x leads out of the copied tree",
+                    "work/expected: symbolic link to /grader/expected leads out of the copied tree"])
+                with tarfile.open(fileobj=io.BytesIO(self.c.read_tar(v.verifier, "/work"))) as tf:
+                    got = {m.name: m.linkname for m in tf}
+                self.assertEqual(got.get("work/same"), "answer")
+                self.assertIn("work/answer", got)
+                self.assertNotIn("work/expected", got)
+            finally:
+                self.c.delete_sandbox(v.verifier)
+            with self.assertRaises(ValueError):
+                self.c.verify(agent, "busybox", ["work"], ["true"])
+        finally:
+            self.c.delete_sandbox(agent)
+
     def test_stats(self):
         self.c.exec(self.sb["id"], cmd="sleep 30 >/dev/null 2>&1 &")
         st = self.c.stats(self.sb["id"])

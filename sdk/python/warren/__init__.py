@@ -35,6 +35,13 @@ sandbox's network (none too): HTTP to one of its ports, or a raw tunnel:
     c.port_url(sb["id"], 8000, "/docs")             # the URL, for any HTTP client with the token
     s = c.dial_port(sb["id"], 5432)                 # a socket to 127.0.0.1:5432 inside
 
+A verdict computed in the agent's own sandbox runs the agent's binaries;
+``verify`` runs the check in a fresh sandbox of the grader's image holding
+only copies of the named paths (links leading out of them left out):
+
+    v = c.verify(sb["id"], "grader@1", ["/work"], cmd="cd /work && python3 -m pytest -q")
+    v.result.exit_code, v.skipped
+
 Over https, ``Client(ca="/etc/warren/pki/ca.crt")`` (or WARREN_CA) trusts the
 cluster CA of `warren cert init`; a server it cannot verify raises TLSError.
 
@@ -48,7 +55,8 @@ InternalError (500), PortUnreachableError (502), UnavailableError (503). Switch 
 from .client import (AsyncClient, Client, ConflictError, ExecResult, ExhaustedError, Fn, ForbiddenError, InternalError,
                      InvalidError, NotFoundError, PortResponse, PortUnreachableError, TLSError, UnauthenticatedError,
                      UnavailableError, WarrenError)
+from .verify import VerifyResult
 
 __all__ = ["Client", "AsyncClient", "ExecResult", "Fn", "WarrenError", "InvalidError", "UnauthenticatedError",
            "ForbiddenError", "NotFoundError", "ConflictError", "ExhaustedError", "InternalError", "UnavailableError", "TLSError",
-           "PortResponse", "PortUnreachableError"]
+           "PortResponse", "PortUnreachableError", "VerifyResult"]

@@ -7,6 +7,7 @@ import base64
 import functools
 import json
 import os
+import posixpath
 import socket
 import ssl
 import time
@@ -409,6 +410,35 @@ class Client:
 
     def stat(self, sid: str, path: str) -> Dict[str, Any]:
         return self._json("GET", f"/v1/sandboxes/{sid}/stat", query={"path": path})
+
+    def verify(self, sid: str, image: str, copy: List[str], argv: Union[List[str], str, None] = None, *,
+               cmd: Optional[str] = None, keep: bool = False, **exec_kw: Any) -> "VerifyResult":
+        """Check sandbox sid's work in a clean room: a new sandbox from image
+        (the grader's binaries and users, never the agent's) gets copies of
+        the absolute paths in copy, at the same paths, and runs the command
+        (argv or cmd, as exec takes them). sid is only read. Symbolic links
+        leading out of a copied tree and special files are left out and
+        listed in .skipped. The verifier is deleted afterwards unless keep.
+        """
+        from .verify import VerifyResult, filter_tree
+        if not copy or any(not p.startswith("/") for p in copy):
+            raise ValueError("copy needs at least one absolute path")
+        v = self.create_sandbox(image)
+        res = VerifyResult(result=None, verifier=v["id"])
+        try:
+            for p in copy:
+                p = posixpath.normpath(p)
+                if self.stat(sid, p).get("is_dir"):
+                    tar = filter_tree(self.read_tar(sid, p), p, lambda n, why: res.skipped.append(f"{n}: {why}"))
+                    self.write_tar(v["id"], posixpath.dirname(p), tar)
+                else:
+                    mode = self.stat(sid, p).get("mode", 0o644) & 0o777 or 0o644
+                    self.write_file(v["id"], p, self.read_file(sid, p), mode)
+            res.result = self.exec(v["id"], argv, cmd=cmd, **exec_kw)
+        finally:
+            if not keep:
+                self.delete_sandbox(v["id"])
+        return res
 
     def update_network(self, sid: str, *, mode: Optional[str] = None, allow: Optional[List[str]] = None,
                        add: Optional[List[str]] = None, remove: Optional[List[str]] = None) -> Dict[str, Any]:
