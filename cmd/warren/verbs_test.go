@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -114,5 +116,38 @@ func TestEachCmd(t *testing.T) {
 	var ue usageError
 	if !errors.As(err, &ue) || err.Error() != "warren rm takes one or more refs" || len(calls) != 0 {
 		t.Errorf("no arguments: %v (calls %v), want a usage error", err, calls)
+	}
+}
+
+func TestSandboxVerify(t *testing.T) {
+	srv := newServer(t)
+	id := mustCreate(t, srv)
+	local := filepath.Join(t.TempDir(), "answer.txt")
+	if err := os.WriteFile(local, []byte("42\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := cli(t, srv, nil, "", "cp", local, id+":/work/answer.txt"); r.code != 0 {
+		t.Fatalf("cp: %+v", r)
+	}
+	for _, tc := range []struct {
+		args       []string
+		code       int
+		stdout, in string
+	}{
+		{[]string{"sandbox", "verify", id, "--image", "busybox", "--copy", "/work/answer.txt", "--", "echo", "checked"}, 0, "checked\n", ""},
+		{[]string{"sandbox", "verify", id, "--image", "busybox", "--copy", "/work/answer.txt", "--", "exit", "3"}, 3, "", ""},
+		{[]string{"sandbox", "verify", id, "--copy", "/work", "--", "true"}, 2, "", "--image"},
+		{[]string{"sandbox", "verify", id, "--image", "busybox", "--", "true"}, 2, "", "--copy"},
+		{[]string{"sandbox", "verify", id, "--image", "busybox", "--copy", "/work"}, 2, "", "exactly one"},
+		{[]string{"sandbox", "verify", id, "--image", "busybox", "--copy", "/nope", "--", "true"}, 1, "", "nope"},
+	} {
+		r := cli(t, srv, nil, "", tc.args...)
+		if r.code != tc.code || r.stdout != tc.stdout || !strings.Contains(r.stderr, tc.in) {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q; want %d, %q, stderr with %q", tc.args[3:], r.code, r.stdout, r.stderr, tc.code, tc.stdout, tc.in)
+		}
+	}
+	// Only the agent's sandbox is left: every verifier was deleted.
+	if r := cli(t, srv, nil, "", "sandbox", "ls", "-o", "id"); strings.TrimSpace(r.stdout) != id {
+		t.Errorf("sandboxes after verify: %q, want only %s", r.stdout, id)
 	}
 }

@@ -8,10 +8,10 @@ import (
 )
 
 // ArgMatch matches a system call argument whose low 32 bits, masked with
-// Mask, equal Value. As a denied ioctl: the requests no sandbox may make. Masks cover the low 16
-// bits only (the request's type and number): a request with the same type
-// and number but another size or direction is refused too, and whatever
-// a caller puts in the register's upper half (the kernel reads a 32-bit
+// Mask, equal Value. For the denied ioctls, masks cover the low 16 bits
+// only (the request's type and number): a request with the same type and
+// number but another size or direction is refused too, and whatever a
+// caller puts in the register's upper half (the kernel reads a 32-bit
 // int) changes nothing.
 type ArgMatch struct {
 	Name        string
