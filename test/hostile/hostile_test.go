@@ -35,6 +35,7 @@ type platform struct {
 	c      *client.Client
 	attack string // the attack program, built static
 	inet   *fakenet.Internet
+	dns    *fakenet.DNS // the fake internet's resolver, the node's upstream
 }
 
 func TestHostile(t *testing.T) {
@@ -53,7 +54,7 @@ func TestHostile(t *testing.T) {
 		"--network-pool", fmt.Sprintf("10.213.%d.0/24", 120+int(b[0])%100))
 	up.Start()
 	t.Cleanup(up.CleanupSandboxes)
-	p := &platform{up: up, c: client.New("http://"+up.Addr, up.Token()), inet: inet}
+	p := &platform{up: up, c: client.New("http://"+up.Addr, up.Token()), inet: inet, dns: dns}
 	p.attack = filepath.Join(t.TempDir(), "attack")
 	build := exec.Command("go", "build", "-o", p.attack, "./testdata/attack")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -86,6 +87,7 @@ var attacks = []struct {
 	{"EscapeDeletion", testEscapeDeletion},
 	{"OtherSandboxes", testOtherSandboxes},
 	{"PortScan", testPortScan},
+	{"Egress", testEgress},
 }
 
 // sandbox creates a busybox sandbox with the attack program at /attack,

