@@ -50,8 +50,12 @@ func TestHostile(t *testing.T) {
 	rand.Read(b)
 	name := "h" + hex.EncodeToString(b)
 	t.Cleanup(func() { exec.Command("nft", "delete", "table", "inet", "warren_"+name).Run() })
+	// Its data directory is on btrfs, so sandboxes can have disk limits
+	// (subvolumes with qgroups).
+	mnt := testutil.BtrfsDir(t, 2<<30)
 	up := uptest.New(t, "--no-fn", "--dns-upstream", dns.Addr, "--network-name", name,
 		"--network-pool", fmt.Sprintf("10.213.%d.0/24", 120+int(b[0])%100))
+	up.DataDir = filepath.Join(mnt, "warren")
 	up.Start()
 	t.Cleanup(up.CleanupSandboxes)
 	p := &platform{up: up, c: client.New("http://"+up.Addr, up.Token()), inet: inet, dns: dns}
@@ -84,6 +88,7 @@ var attacks = []struct {
 	{"OutputFlood", testOutputFlood},
 	{"ForkBomb", testForkBomb},
 	{"MemoryBalloon", testMemoryBalloon},
+	{"FillDisk", testFillDisk},
 	{"EscapeDeletion", testEscapeDeletion},
 	{"OtherSandboxes", testOtherSandboxes},
 	{"PortScan", testPortScan},

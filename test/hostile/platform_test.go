@@ -198,6 +198,34 @@ func testMemoryBalloon(t *testing.T, p *platform) {
 	}
 }
 
+// Writing past a disk limit fails inside the sandbox (EDQUOT or ENOSPC)
+// at the limit, not at the node's: the sandbox goes on, and a neighbour
+// still writes.
+func testFillDisk(t *testing.T, p *platform) {
+	id := p.sandbox(t, func(r *api.CreateSandboxRequest) { r.Resources.Disk = 64 << 20 })
+	neighbour := p.sandbox(t)
+	r := p.sh(t, id, "dd if=/dev/zero of=/fill bs=1M count=256 2>&1; echo exit=$?; ls -l /fill | awk '{ print \"size=\" $5 }'")
+	t.Logf("%s", r.Stdout)
+	if !strings.Contains(r.Stdout, "exit=1") || !(strings.Contains(r.Stdout, "quota exceeded") || strings.Contains(r.Stdout, "No space left")) {
+		t.Errorf("256 MiB under a 64 MiB disk limit: %q", r.Stdout)
+	}
+	var size int64
+	for _, f := range strings.Fields(r.Stdout) {
+		if v, ok := strings.CutPrefix(f, "size="); ok {
+			size, _ = strconv.ParseInt(v, 10, 64)
+		}
+	}
+	if size > 80<<20 {
+		t.Errorf("wrote %d bytes under a 64 MiB limit", size)
+	}
+	if r := p.sh(t, id, "rm /fill && echo again > /again && cat /again"); r.Stdout != "again\n" {
+		t.Errorf("the sandbox after filling its disk: %+v", r)
+	}
+	if r := p.sh(t, neighbour, "dd if=/dev/zero of=/n bs=1M count=100 2>/dev/null; wc -c < /n"); strings.TrimSpace(r.Stdout) != "104857600" {
+		t.Errorf("a neighbour's 100 MiB write: %q", r.Stdout)
+	}
+}
+
 // setsid and a double fork do not outlive the sandbox: after delete, no
 // process of it is left on the host.
 func testEscapeDeletion(t *testing.T, p *platform) {
