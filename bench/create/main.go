@@ -24,8 +24,6 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,11 +37,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/bench/internal/benchup"
 	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/internal/blob"
-	"github.com/warrenhq/warren/internal/daemon"
 	"github.com/warrenhq/warren/internal/image"
-	"github.com/warrenhq/warren/internal/pki"
 )
 
 func main() {
@@ -63,85 +60,6 @@ func main() {
 
 // binA and binB are -bin and -b-bin.
 var binA, binB string
-
-// upProc runs `bin up` on dataDir in a process of its own, serving no
-// FnCall and publishing no runtime images, until ctx ends, and returns a
-// client of it.
-func upProc(ctx context.Context, bin, dataDir string) (*client.Client, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	logf, err := os.Create(dataDir + ".log")
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.CommandContext(ctx, bin, "up", "--data-dir", dataDir, "--listen", addr, "--no-fn",
-		"--image-cache", filepath.Join(dataDir, "no-images"))
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Cancel = func() error { return cmd.Process.Signal(unix.SIGTERM) }
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	go func() { cmd.Wait(); logf.Close() }()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		tok, err := os.ReadFile(filepath.Join(dataDir, daemon.AdminTokenFile))
-		if err == nil && len(strings.TrimSpace(string(tok))) > 0 {
-			c := client.New("http://"+addr, strings.TrimSpace(string(tok)))
-			if _, err := c.GetImage(ctx, "busybox"); err == nil {
-				return c, nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("%s up did not answer within a minute (log: %s.log)", bin, dataDir)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// up runs `warren up` on dataDir until ctx ends and returns a client of it:
-// over TLS with a certificate of its own CA when withTLS.
-func up(ctx context.Context, dataDir string, withTLS, quiet bool) (*client.Client, error) {
-	cfg := daemon.UpConfig{
-		DataDir: dataDir,
-		Listen:  "127.0.0.1:0",
-		Log:     slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-	}
-	if quiet {
-		cfg.Fn.Disabled, cfg.ImageCache = true, filepath.Join(dataDir, "no-images")
-	}
-	scheme, opts := "http://", []client.Option{}
-	if withTLS {
-		ca := filepath.Join(dataDir, "pki")
-		if err := pki.InitCA(ca); err != nil {
-			return nil, err
-		}
-		crt, err := pki.Issue(ca, "127.0.0.1")
-		if err != nil {
-			return nil, err
-		}
-		cfg.TLS = daemon.TLSConfig{Cert: crt, Key: strings.TrimSuffix(crt, ".crt") + ".key"}
-		scheme, opts = "https://", append(opts, client.WithCAFile(filepath.Join(ca, pki.CACert)))
-	}
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	cfg.Ready = func(addr string) { ready <- addr }
-	go func() { done <- daemon.Up(ctx, cfg) }()
-	var addr string
-	select {
-	case addr = <-ready:
-	case err := <-done:
-		return nil, fmt.Errorf("warren up: %w", err)
-	}
-	tok, err := os.ReadFile(filepath.Join(dataDir, daemon.AdminTokenFile))
-	if err != nil {
-		return nil, err
-	}
-	return client.New(scheme+addr, strings.TrimSpace(string(tok)), opts...), nil
-}
 
 // nodeOf creates and deletes one sandbox to learn c's node id.
 func nodeOf(ctx context.Context, c *client.Client) (string, error) {
@@ -180,9 +98,9 @@ func run(n, conc, rounds int, keep, withTLS bool) error {
 
 	var c *client.Client
 	if binA != "" {
-		c, err = upProc(ctx, binA, filepath.Join(dir, "warren"))
+		c, err = benchup.Proc(ctx, binA, filepath.Join(dir, "warren"))
 	} else {
-		c, err = up(ctx, filepath.Join(dir, "warren"), false, withTLS || binB != "")
+		c, err = benchup.InProcess(ctx, filepath.Join(dir, "warren"), false, withTLS || binB != "")
 	}
 	if err != nil {
 		return err
@@ -239,7 +157,7 @@ func run(n, conc, rounds int, keep, withTLS bool) error {
 		{"runc+hardened", "/wbench-raw", func(ctx context.Context) (func(), error) { return raw.create(ctx, hardened) }},
 	}
 	if withTLS {
-		ct, err := up(ctx, filepath.Join(dir, "warren-tls"), true, true)
+		ct, err := benchup.InProcess(ctx, filepath.Join(dir, "warren-tls"), true, true)
 		if err != nil {
 			return fmt.Errorf("warren over TLS: %w", err)
 		}
@@ -255,7 +173,7 @@ func run(n, conc, rounds int, keep, withTLS bool) error {
 	}
 
 	if binB != "" {
-		cb, err := upProc(ctx, binB, filepath.Join(dir, "warren-b"))
+		cb, err := benchup.Proc(ctx, binB, filepath.Join(dir, "warren-b"))
 		if err != nil {
 			return fmt.Errorf("warren-b: %w", err)
 		}

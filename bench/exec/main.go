@@ -20,7 +20,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,8 +29,8 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/bench/internal/benchup"
 	"github.com/warrenhq/warren/client"
-	"github.com/warrenhq/warren/internal/daemon"
 )
 
 func main() {
@@ -65,24 +64,11 @@ func run(n, conc, rounds int, python string) error {
 	defer os.RemoveAll(dir)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	cfg := daemon.UpConfig{DataDir: filepath.Join(dir, "warren"), Listen: "127.0.0.1:0",
-		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), StopSandboxes: true}
-	cfg.Fn.Disabled, cfg.ImageCache = true, filepath.Join(dir, "no-images")
-	cfg.Ready = func(addr string) { ready <- addr }
-	go func() { done <- daemon.Up(ctx, cfg) }()
-	var addr string
-	select {
-	case addr = <-ready:
-	case err := <-done:
-		return fmt.Errorf("warren up: %w", err)
-	}
-	tok, err := os.ReadFile(filepath.Join(cfg.DataDir, daemon.AdminTokenFile))
+	dataDir := filepath.Join(dir, "warren")
+	c, err := benchup.InProcess(ctx, dataDir, false, true)
 	if err != nil {
 		return err
 	}
-	c := client.New("http://"+addr, strings.TrimSpace(string(tok)))
 
 	commands := []struct {
 		name, image string
@@ -103,7 +89,7 @@ func run(n, conc, rounds int, python string) error {
 		if err != nil {
 			return err
 		}
-		peers, err := peersFor(c, cfg.DataDir, sb.ID, cmd.argv)
+		peers, err := peersFor(c, dataDir, sb.ID, cmd.argv)
 		if err != nil {
 			return err
 		}

@@ -19,29 +19,12 @@ import (
 // port. A server on the fake internet's public range answers the same
 // scan, so the scan could have connected.
 func testPortScan(t *testing.T, p *platform) {
-	var forbidden atomic.Int64
-	serve := func(addr string, count *atomic.Int64) {
-		ln := p.inet.Listen(addr)
-		t.Cleanup(func() { ln.Close() })
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				if count != nil {
-					count.Add(1)
-				}
-				c.Close()
-			}
-		}()
-	}
-	serve("203.0.113.10:80", nil)
+	p.serve(t, "203.0.113.10:80")
 	private := p.inet.Route("10.99.7.0/24")
 	metadata := p.inet.Route("169.254.169.254/32")
+	var forbidden []*atomic.Int64
 	for _, a := range []string{private.String(), metadata.String()} {
-		serve(net.JoinHostPort(a, "80"), &forbidden)
-		serve(net.JoinHostPort(a, "22"), &forbidden)
+		forbidden = append(forbidden, p.serve(t, net.JoinHostPort(a, "80")), p.serve(t, net.JoinHostPort(a, "22")))
 	}
 
 	open := func(r *api.CreateSandboxRequest) { r.Network = &api.NetworkPolicy{Mode: api.NetworkOpen} }
@@ -73,13 +56,39 @@ func testPortScan(t *testing.T, p *platform) {
 	if r := p.sh(t, scanner, "/attack connect 203.0.113.10:80"); r.Stdout != "connect: 1 connected\n" {
 		t.Errorf("the control (a public address): %q %q", r.Stdout, r.Stderr)
 	}
-	if n := forbidden.Load(); n != 0 {
-		t.Errorf("%d connections reached private or metadata servers", n)
+	for _, n := range forbidden {
+		if n.Load() != 0 {
+			t.Errorf("%d connections reached a private or metadata server", n.Load())
+		}
 	}
 	sb, err := p.c.GetSandbox(context.Background(), scanner)
 	if err != nil || sb.Network == nil || sb.Network.DeniedConnections == 0 {
 		t.Errorf("denied connections not counted: %+v, %v", sb.Network, err)
 	}
+}
+
+// serve listens on addr in the fake internet until t ends, answers each
+// connection with a small HTTP response (for TLS clients, garbage) and
+// counts them.
+func (p *platform) serve(t *testing.T, addr string) *atomic.Int64 {
+	var n atomic.Int64
+	ln := p.inet.Listen(addr)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			n.Add(1)
+			go func() {
+				c.Write([]byte("HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\nyes"))
+				time.Sleep(100 * time.Millisecond)
+				c.Close()
+			}()
+		}
+	}()
+	return &n
 }
 
 // hostAddrs are this host's IPv4 addresses other than loopback.
@@ -104,27 +113,7 @@ func hostAddrs(t *testing.T) []string {
 // nothing; the same requests naming pypi.org do (the control). Everything
 // refused is counted.
 func testEgress(t *testing.T, p *platform) {
-	counted := func(addr string) *atomic.Int64 {
-		var n atomic.Int64
-		ln := p.inet.Listen(addr)
-		t.Cleanup(func() { ln.Close() })
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				n.Add(1)
-				go func() {
-					c.Write([]byte("HTTP/1.0 200 OK\r\nContent-Length: 3\r\n\r\nyes"))
-					time.Sleep(100 * time.Millisecond)
-					c.Close()
-				}()
-			}
-		}()
-		return &n
-	}
-	web, tlsSrv, other, dot := counted("203.0.113.10:80"), counted("203.0.113.10:443"), counted("203.0.113.77:80"), counted("203.0.113.53:853")
+	web, tlsSrv, other, dot := p.serve(t, "203.0.113.10:80"), p.serve(t, "203.0.113.10:443"), p.serve(t, "203.0.113.77:80"), p.serve(t, "203.0.113.53:853")
 	id := p.sandbox(t, func(r *api.CreateSandboxRequest) { r.Network = &api.NetworkPolicy{Allow: []string{"pypi.org"}} })
 	get := func(host string) string {
 		return p.sh(t, id, fmt.Sprintf(`printf 'GET / HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n' | nc -w 3 203.0.113.10 80`, host)).Stdout

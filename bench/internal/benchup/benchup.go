@@ -1,0 +1,102 @@
+// Package benchup starts the warren under measurement for the benchmark
+// programs: `warren up` in this process, or a given binary's in a process
+// of its own (an A/B of two builds).
+package benchup
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/client"
+	"github.com/warrenhq/warren/internal/daemon"
+	"github.com/warrenhq/warren/internal/pki"
+)
+
+// Proc runs `bin up` on dataDir in a process of its own, serving no
+// FnCall and publishing no runtime images, until ctx ends, and returns a
+// client of it.
+func Proc(ctx context.Context, bin, dataDir string) (*client.Client, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	logf, err := os.Create(dataDir + ".log")
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, bin, "up", "--data-dir", dataDir, "--listen", addr, "--no-fn",
+		"--image-cache", filepath.Join(dataDir, "no-images"))
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Cancel = func() error { return cmd.Process.Signal(unix.SIGTERM) }
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	go func() { cmd.Wait(); logf.Close() }()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		tok, err := os.ReadFile(filepath.Join(dataDir, daemon.AdminTokenFile))
+		if err == nil && len(strings.TrimSpace(string(tok))) > 0 {
+			c := client.New("http://"+addr, strings.TrimSpace(string(tok)))
+			if _, err := c.GetImage(ctx, "busybox"); err == nil {
+				return c, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%s up did not answer within a minute (log: %s.log)", bin, dataDir)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// InProcess runs `warren up` in this process on dataDir until ctx ends
+// and returns a client of it: over TLS with a certificate of its own CA
+// when withTLS; with no FnCall and no runtime images when quiet.
+func InProcess(ctx context.Context, dataDir string, withTLS, quiet bool) (*client.Client, error) {
+	cfg := daemon.UpConfig{
+		DataDir: dataDir,
+		Listen:  "127.0.0.1:0",
+		Log:     slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	}
+	if quiet {
+		cfg.Fn.Disabled, cfg.ImageCache = true, filepath.Join(dataDir, "no-images")
+	}
+	scheme, opts := "http://", []client.Option{}
+	if withTLS {
+		ca := filepath.Join(dataDir, "pki")
+		if err := pki.InitCA(ca); err != nil {
+			return nil, err
+		}
+		crt, err := pki.Issue(ca, "127.0.0.1")
+		if err != nil {
+			return nil, err
+		}
+		cfg.TLS = daemon.TLSConfig{Cert: crt, Key: strings.TrimSuffix(crt, ".crt") + ".key"}
+		scheme, opts = "https://", append(opts, client.WithCAFile(filepath.Join(ca, pki.CACert)))
+	}
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	cfg.Ready = func(addr string) { ready <- addr }
+	go func() { done <- daemon.Up(ctx, cfg) }()
+	var addr string
+	select {
+	case addr = <-ready:
+	case err := <-done:
+		return nil, fmt.Errorf("warren up: %w", err)
+	}
+	tok, err := os.ReadFile(filepath.Join(dataDir, daemon.AdminTokenFile))
+	if err != nil {
+		return nil, err
+	}
+	return client.New(scheme+addr, strings.TrimSpace(string(tok)), opts...), nil
+}
