@@ -83,6 +83,7 @@ var attacks = []struct {
 	{"ForgedCalls", testForgedCalls},
 	{"SearchForSecrets", testSearchForSecrets},
 	{"OverwriteShell", testOverwriteShell},
+	{"ForgeUser", testForgeUser},
 	{"VerifyCleanRoom", testVerifyCleanRoom},
 	{"GrepProcSys", testGrepProcSys},
 	{"OutputFlood", testOutputFlood},

@@ -83,6 +83,21 @@ func testOverwriteShell(t *testing.T, p *platform) {
 	}
 }
 
+// An agent that rewrites its /etc/passwd (nobody as uid 0, a user of its
+// own as root) does not choose whom the platform's `exec -u` runs as:
+// names resolve from the environment's layers.
+func testForgeUser(t *testing.T, p *platform) {
+	id := p.sandbox(t)
+	p.sh(t, id, "echo 'nobody:x:0:0::/:/bin/sh' > /etc/passwd; echo 'grader:x:0:0::/:/bin/sh' >> /etc/passwd")
+	r, err := p.c.Exec(context.Background(), id, api.ExecRequest{Argv: []string{"id", "-u"}, User: "nobody"})
+	if err != nil || r.Stdout != "65534\n" {
+		t.Errorf("exec -u nobody after the rewrite: %+v, %v; want uid 65534", r, err)
+	}
+	if r, err := p.c.Exec(context.Background(), id, api.ExecRequest{Argv: []string{"id", "-u"}, User: "grader"}); err == nil {
+		t.Errorf("exec -u grader (only in the sandbox's own /etc/passwd): %+v, want invalid_argument", r)
+	}
+}
+
 // The verdict does not run on the agent's binaries: an agent that
 // replaced its shell and planted a link to the grader's expected output
 // beside its answer gets checked by `warren sandbox verify`'s clean room,

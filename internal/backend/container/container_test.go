@@ -445,6 +445,17 @@ func TestExecResults(t *testing.T) {
 	if _, err := h.c.Exec(context.Background(), "res-1", backend.ExecRequest{Argv: []string{"id"}, User: "nosuchuser"}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("unknown user: got %v, want ErrInvalid", err)
 	}
+	// Users resolve from the environment's layers, not the sandbox's own
+	// /etc/passwd: rewriting it (nobody as root, a new user) changes
+	// nothing for the platform's -u.
+	h.sh("res-1", "echo 'nobody:x:0:0::/:/bin/sh' > /etc/passwd; echo 'agent:x:0:0::/:/bin/sh' >> /etc/passwd")
+	out = h.exec("res-1", backend.ExecRequest{Argv: []string{"id", "-u"}, User: "nobody"})
+	if out.stdout != "65534\n" {
+		t.Errorf("as nobody after the sandbox rewrote /etc/passwd: %q %q", out.stdout, out.stderr)
+	}
+	if _, err := h.c.Exec(context.Background(), "res-1", backend.ExecRequest{Argv: []string{"id"}, User: "agent"}); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("a user only the sandbox's /etc/passwd names: got %v, want ErrInvalid", err)
+	}
 }
 
 func TestHardening(t *testing.T) {
