@@ -178,7 +178,7 @@ func (c *Client) CopyFrom(ctx context.Context, id, remotePath, localPath string,
 		pw.CloseWithError(err)
 		readErr <- err
 	}()
-	links := &linkSet{opts: o, remote: remote, links: map[string]string{}}
+	links := newLinkSet(o, remote)
 	xerr := extract(root, pr, mapName, created, links)
 	if xerr == nil {
 		_, _ = io.Copy(io.Discard, pr) // let the download finish the archive's padding

@@ -81,6 +81,10 @@ type linkSet struct {
 	orig   map[string]string // name -> target as the sandbox had it, for reports
 }
 
+func newLinkSet(opts copyOptions, remote string) *linkSet {
+	return &linkSet{opts: opts, remote: remote, links: map[string]string{}, orig: map[string]string{}}
+}
+
 // take records hdr if it is a symbolic link (or a hard link to one),
 // refuses an entry under a recorded link's name, and answers errNotLink
 // for anything else.
@@ -117,9 +121,6 @@ func (l *linkSet) take(hdr *tar.Header, name string, mapName func(string) (strin
 	}
 	if name == "." {
 		return refuse(hdr.Name, "a symbolic link at the top")
-	}
-	if l.orig == nil {
-		l.orig = map[string]string{}
 	}
 	l.orig[name] = target
 	l.links[name] = l.rewrite(name, target)

@@ -148,7 +148,7 @@ func (c *Client) copyBetween(ctx context.Context, from, to, p string) ([]string,
 // output, after everything they could point at.
 func filterTree(r io.Reader, w io.Writer, remote string, skip func(name, why string)) error {
 	mapName := treeNames(remote)
-	links := &linkSet{remote: remote, links: map[string]string{}}
+	links := newLinkSet(copyOptions{}, remote)
 	tr, tw := tar.NewReader(r), tar.NewWriter(w)
 	archiveName := map[string]string{}
 	for {

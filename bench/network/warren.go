@@ -2,12 +2,11 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 
+	"github.com/warrenhq/warren/bench/internal/benchup"
 	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/internal/daemon"
 )
@@ -27,19 +26,5 @@ func upWarren(ctx context.Context, dataDir string, net *daemon.NetworkConfig) (*
 	if net != nil {
 		cfg.Network = *net
 	}
-	ready := make(chan string, 1)
-	done := make(chan error, 1)
-	cfg.Ready = func(addr string) { ready <- addr }
-	go func() { done <- daemon.Up(ctx, cfg) }()
-	var addr string
-	select {
-	case addr = <-ready:
-	case err := <-done:
-		return nil, fmt.Errorf("warren up: %w", err)
-	}
-	tok, err := os.ReadFile(filepath.Join(dataDir, daemon.AdminTokenFile))
-	if err != nil {
-		return nil, err
-	}
-	return client.New("http://"+addr, strings.TrimSpace(string(tok))), nil
+	return benchup.Run(ctx, cfg)
 }

@@ -71,7 +71,7 @@ func InProcess(ctx context.Context, dataDir string, withTLS, quiet bool) (*clien
 	if quiet {
 		cfg.Fn.Disabled, cfg.ImageCache = true, filepath.Join(dataDir, "no-images")
 	}
-	scheme, opts := "http://", []client.Option{}
+	var opts []client.Option
 	if withTLS {
 		ca := filepath.Join(dataDir, "pki")
 		if err := pki.InitCA(ca); err != nil {
@@ -82,8 +82,15 @@ func InProcess(ctx context.Context, dataDir string, withTLS, quiet bool) (*clien
 			return nil, err
 		}
 		cfg.TLS = daemon.TLSConfig{Cert: crt, Key: strings.TrimSuffix(crt, ".crt") + ".key"}
-		scheme, opts = "https://", append(opts, client.WithCAFile(filepath.Join(ca, pki.CACert)))
+		opts = append(opts, client.WithCAFile(filepath.Join(ca, pki.CACert)))
 	}
+	return Run(ctx, cfg, opts...)
+}
+
+// Run runs daemon.Up(cfg) in this process until ctx ends (setting
+// cfg.Ready) and returns a client of it with the admin token: over https
+// when cfg.TLS has a certificate, with opts (a CA to trust).
+func Run(ctx context.Context, cfg daemon.UpConfig, opts ...client.Option) (*client.Client, error) {
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
 	cfg.Ready = func(addr string) { ready <- addr }
@@ -94,9 +101,13 @@ func InProcess(ctx context.Context, dataDir string, withTLS, quiet bool) (*clien
 	case err := <-done:
 		return nil, fmt.Errorf("warren up: %w", err)
 	}
-	tok, err := os.ReadFile(filepath.Join(dataDir, daemon.AdminTokenFile))
+	tok, err := os.ReadFile(filepath.Join(cfg.DataDir, daemon.AdminTokenFile))
 	if err != nil {
 		return nil, err
+	}
+	scheme := "http://"
+	if cfg.TLS.Cert != "" {
+		scheme = "https://"
 	}
 	return client.New(scheme+addr, strings.TrimSpace(string(tok)), opts...), nil
 }
