@@ -37,25 +37,29 @@ func rr(t testing.TB, s string) dns.RR {
 	return r
 }
 
+// udpAndTCP listens on one loopback port for UDP and TCP both, trying
+// again while the TCP port is taken (by another package's test: UDP's
+// free port says nothing of TCP's).
+func udpAndTCP(t *testing.T) (net.PacketConn, net.Listener) {
+	t.Helper()
+	for range 20 {
+		pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ln, err := net.Listen("tcp4", pc.LocalAddr().String()); err == nil {
+			return pc, ln
+		}
+		pc.Close()
+	}
+	t.Fatal("no port free for UDP and TCP at once")
+	return nil, nil
+}
+
 func startUpstream(t *testing.T) *fakeUpstream {
 	t.Helper()
 	u := &fakeUpstream{}
-	var pc net.PacketConn
-	var ln net.Listener
-	for range 20 {
-		var err error
-		if pc, err = net.ListenPacket("udp4", "127.0.0.1:0"); err != nil {
-			t.Fatal(err)
-		}
-		if ln, err = net.Listen("tcp4", pc.LocalAddr().String()); err == nil {
-			break
-		}
-		pc.Close()
-		pc = nil
-	}
-	if pc == nil {
-		t.Fatal("no port free for UDP and TCP at once")
-	}
+	pc, ln := udpAndTCP(t)
 	u.addr = pc.LocalAddr().String()
 	h := dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) { u.serve(t, w, q) })
 	s1 := &dns.Server{PacketConn: pc, Handler: h}
@@ -170,14 +174,7 @@ func newEnv(t *testing.T, cfg Config) *proxyEnv {
 		t.Fatal(err)
 	}
 	e.p = p
-	pc, err := net.ListenPacket("udp4", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp4", pc.LocalAddr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	pc, ln := udpAndTCP(t)
 	e.addr = pc.LocalAddr().String()
 	go p.ServeUDP(pc)
 	go p.ServeTCP(ln)
