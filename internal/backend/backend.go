@@ -133,7 +133,11 @@ type Backend interface {
 
 // ExecRequest is one command to run in a sandbox.
 type ExecRequest struct {
-	Argv    []string  // argv[0] is looked up in PATH inside the sandbox
+	Argv []string // argv[0] is looked up in PATH inside the sandbox
+	// Shell, if set instead of Argv, is a command line for the platform's
+	// own shell (`sh -c Shell`): a backend never runs the sandbox's
+	// /bin/sh for it, which the workload may have replaced.
+	Shell   string
 	Env     []string  // KEY=VALUE, added to the spec's Env
 	Cwd     string    // default spec.Workdir
 	User    string    // "", name, "uid" or "uid:gid"

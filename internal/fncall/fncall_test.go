@@ -34,7 +34,7 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	fninitBin = filepath.Join(dir, "warren-fninit")
-	if out, err := exec.Command("../../scripts/build-fninit", fninitBin).CombinedOutput(); err != nil {
+	if out, err := exec.Command("../../scripts/build-helpers", dir).CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build warren-fninit: %v\n%s", err, out)
 		os.Exit(1)
 	}

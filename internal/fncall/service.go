@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -17,6 +16,7 @@ import (
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/fncall/proto"
+	"github.com/warrenhq/warren/internal/hostbin"
 )
 
 // Runner is what the node API and the apiserver need from FnCall: run one
@@ -195,7 +195,7 @@ func New(cfg Config) (*Service, error) {
 		cfg.Log = slog.Default()
 	}
 	if cfg.Init == "" {
-		cfg.Init = findInit()
+		cfg.Init = hostbin.Find("warren-fninit")
 	}
 	if cfg.StateDir == "" || cfg.CgroupParent == "" || cfg.Images == nil || cfg.Layers == nil || cfg.Mounts == nil {
 		return nil, errdefs.Invalid("fncall: state dir, cgroup parent, images, layers and mounts are required")
@@ -232,27 +232,13 @@ func New(cfg Config) (*Service, error) {
 	return s, nil
 }
 
-// findInit looks for warren-fninit beside this executable, then in $PATH.
-func findInit() string {
-	if exe, err := os.Executable(); err == nil {
-		p := filepath.Join(filepath.Dir(exe), "warren-fninit")
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	if p, err := exec.LookPath("warren-fninit"); err == nil {
-		return p
-	}
-	return "warren-fninit"
-}
-
 // Available reports whether this host can run FnCall at all.
 func (s *Service) Available() error {
 	if err := checkCgroups(); err != nil {
 		return err
 	}
 	if _, err := os.Stat(s.cfg.Init); err != nil {
-		return errdefs.Unavailable("fncall: %s not found (build it: scripts/setup, or cc -O2 -static -o bin/warren-fninit cmd/warren-fninit/fninit.c)", s.cfg.Init)
+		return errdefs.Unavailable("fncall: %s not found (build it: scripts/setup, or scripts/build-helpers)", s.cfg.Init)
 	}
 	return nil
 }

@@ -95,19 +95,15 @@ func (a *Agent) execRequest(req api.ExecRequest) (backend.ExecRequest, error) {
 	if err := api.CheckExec(&req); err != nil {
 		return backend.ExecRequest{}, errdefs.Request(err)
 	}
-	var argv []string
 	switch {
 	case len(req.Argv) > 0 && req.Cmd != "":
 		return backend.ExecRequest{}, errdefs.Invalid("give argv or cmd, not both")
 	case len(req.Argv) > 0:
-		argv = req.Argv
-	case req.Cmd != "":
-		argv = []string{"/bin/sh", "-c", req.Cmd}
-	default:
+		if req.Argv[0] == "" {
+			return backend.ExecRequest{}, errdefs.Invalid("argv[0] is empty")
+		}
+	case req.Cmd == "":
 		return backend.ExecRequest{}, errdefs.Invalid("argv or cmd is required")
-	}
-	if argv[0] == "" {
-		return backend.ExecRequest{}, errdefs.Invalid("argv[0] is empty")
 	}
 	for k := range req.Env {
 		if !api.ValidEnvName(k) {
@@ -137,7 +133,8 @@ func (a *Agent) execRequest(req api.ExecRequest) (backend.ExecRequest, error) {
 		return backend.ExecRequest{}, errdefs.Invalid("stdin_encoding %q: want \"\" or \"base64\"", req.StdinEncoding)
 	}
 	return backend.ExecRequest{
-		Argv:    argv,
+		Argv:    req.Argv,
+		Shell:   req.Cmd,
 		Env:     envList(req.Env),
 		Cwd:     req.Cwd,
 		User:    req.User,

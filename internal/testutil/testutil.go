@@ -6,8 +6,12 @@ package testutil
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"errors"
+	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -64,13 +68,15 @@ func RequireKernelFeature(t testing.TB, fs string) {
 }
 
 // RequireContainers needs what the container backend needs: root, runc,
-// mkfs.erofs, catatonit, overlay and erofs.
+// mkfs.erofs, catatonit, the trusted shell (bash-static), overlay and
+// erofs; and it builds warren's helpers (Helpers).
 func RequireContainers(t testing.TB) {
 	t.Helper()
 	RequireRoot(t)
-	RequireBinary(t, "runc", "mkfs.erofs", "catatonit")
+	RequireBinary(t, "runc", "mkfs.erofs", "catatonit", "bash-static")
 	RequireKernelFeature(t, "overlay")
 	RequireKernelFeature(t, "erofs")
+	Helpers(t)
 }
 
 // RequireQEMU needs qemu-system-x86_64 (Debian's qemu-system-x86;
@@ -116,4 +122,66 @@ func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+var helpers struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+// Helpers builds warren's C helpers (warren-enter, warren-fninit; see
+// scripts/build-helpers) once per test process, into a directory keyed by
+// their sources so that later runs reuse it, puts that directory first in
+// PATH (where hostbin.Find looks, in this process and the ones it starts)
+// and returns it. RequireContainers calls it.
+func Helpers(t testing.TB) string {
+	t.Helper()
+	helpers.once.Do(func() { helpers.dir, helpers.err = buildHelpers() })
+	if helpers.err != nil {
+		t.Fatalf("build warren's helpers: %v", helpers.err)
+	}
+	return helpers.dir
+}
+
+func buildHelpers() (string, error) {
+	root, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for !exists(filepath.Join(root, "scripts", "build-helpers")) {
+		if root == "/" {
+			return "", errors.New("scripts/build-helpers not found above the working directory")
+		}
+		root = filepath.Dir(root)
+	}
+	h := sha256.New()
+	for _, f := range []string{"scripts/build-helpers", "cmd/warren-enter/enter.c", "cmd/warren-fninit/fninit.c"} {
+		b, err := os.ReadFile(filepath.Join(root, f))
+		if err != nil {
+			return "", err
+		}
+		h.Write(b)
+	}
+	dir := filepath.Join(os.TempDir(), fmt.Sprintf("warren-helpers-%x", h.Sum(nil)[:8]))
+	if !exists(filepath.Join(dir, "warren-enter")) {
+		tmp, err := os.MkdirTemp(os.TempDir(), "warren-helpers-build-")
+		if err != nil {
+			return "", err
+		}
+		defer os.RemoveAll(tmp)
+		if out, err := exec.Command(filepath.Join(root, "scripts", "build-helpers"), tmp).CombinedOutput(); err != nil {
+			return "", fmt.Errorf("%v\n%s", err, out)
+		}
+		// Another test process may have won the race: either is fine.
+		if err := os.Rename(tmp, dir); err != nil && !exists(filepath.Join(dir, "warren-enter")) {
+			return "", err
+		}
+	}
+	return dir, os.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+}
+
+func exists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }

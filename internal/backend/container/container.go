@@ -7,8 +7,10 @@
 // pause mode (it reaps zombies and does nothing else), bind-mounted
 // read-only from the host onto /dev/init, which lives in the sandbox's /dev
 // tmpfs so that nothing is written to the sandbox's root. Exec enters the
-// sandbox from the host with `runc exec`; file calls read and write the
-// merged root from the host through package rootfs.
+// sandbox from the host through warren-enter, the platform's own launcher
+// (cmd/warren-enter, enter.go), which joins the init's namespaces and
+// cgroups and applies the init's own seccomp filters; file calls read and
+// write the merged root from the host through package rootfs.
 //
 // Sandboxes outlive the agent: `runc create` detaches the container's init
 // from the agent, and all state needed to re-adopt a sandbox is on disk
@@ -40,6 +42,7 @@ import (
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/diskquota"
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/hostbin"
 	"github.com/warrenhq/warren/internal/image"
 )
 
@@ -68,6 +71,13 @@ type Config struct {
 	// InitPath is the static catatonit binary run as every sandbox's pid
 	// 1. Default "catatonit" from PATH.
 	InitPath string
+	// EnterPath is warren-enter, the launcher every exec goes through
+	// (cmd/warren-enter). Default: beside this executable, else from PATH.
+	EnterPath string
+	// ShellPath is the static shell `exec --sh` runs (ExecRequest.Shell),
+	// the platform's own: never the sandbox's /bin/sh. Default
+	// bash-static (Debian's) from PATH, else /bin/bash-static.
+	ShellPath string
 	// ExecOutputGrace is how long Exec waits, after the command's main
 	// process exited, for the processes it left in the background to let
 	// go of its stdout and stderr before it kills those that did not.
@@ -84,6 +94,7 @@ type Container struct {
 	rlimits    []specs.POSIXRlimit
 	runcEnv    []string
 	quota      *diskquota.Quota // limits each sandbox directory (disk.go)
+	shell      trustedShell     // for ExecRequest.Shell
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
@@ -133,6 +144,15 @@ func New(cfg Config) (*Container, error) {
 	if p, err := exec.LookPath(cfg.InitPath); err == nil {
 		cfg.InitPath = p
 	}
+	if cfg.EnterPath == "" {
+		cfg.EnterPath = hostbin.Find("warren-enter")
+	}
+	if cfg.ShellPath == "" {
+		cfg.ShellPath = "/bin/bash-static"
+		if p, err := exec.LookPath("bash-static"); err == nil {
+			cfg.ShellPath = p
+		}
+	}
 	if cfg.ExecOutputGrace <= 0 {
 		cfg.ExecOutputGrace = 100 * time.Millisecond
 	}
@@ -153,6 +173,7 @@ func New(cfg Config) (*Container, error) {
 	c.rlimits = sandboxRlimits()
 	c.runcEnv = runcEnv()
 	c.quota = diskquota.Detect(c.sandboxDir)
+	c.shell = loadTrustedShell(cfg.ShellPath)
 	return c, nil
 }
 
@@ -172,14 +193,14 @@ func (c *Container) Capabilities() backend.Capabilities {
 }
 
 // Available checks what the backend needs: root, runc, catatonit,
-// mkfs.erofs (to build layers on this node), overlay and erofs in the
+// warren-enter, mkfs.erofs (to build layers on this node), overlay and erofs in the
 // kernel, and a cgroup filesystem. ErrUnavailable says what is missing.
 func (c *Container) Available(ctx context.Context) error {
 	var missing []string
 	if os.Geteuid() != 0 {
 		missing = append(missing, "needs root")
 	}
-	for _, bin := range []string{c.cfg.RuncPath, c.cfg.InitPath, "mkfs.erofs"} {
+	for _, bin := range []string{c.cfg.RuncPath, c.cfg.InitPath, c.cfg.EnterPath, "mkfs.erofs"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			missing = append(missing, fmt.Sprintf("%s not found", bin))
 		}
@@ -219,9 +240,13 @@ type sandbox struct {
 
 	ready  bool // created or recovered; guarded by Container.mu
 	spec   backend.Spec
-	layers []string   // digests this process holds a reference on
-	init   initProc   // the container's pid 1
-	cg     execCgroup // where exec sub-cgroups go
+	layers []string          // digests this process holds a reference on
+	init   initProc          // the container's pid 1
+	cg     execCgroup        // where exec sub-cgroups go
+	cgPath map[string]string // the sandbox's cgroup in each hierarchy, as runc records them
+
+	filterMu sync.Mutex
+	filters  [][]byte // the init's seccomp filters (initFilters), read on first exec
 
 	stopSignal atomic.Int32 // last signal Stop or Destroy sent to init
 }

@@ -522,6 +522,68 @@ func TestHardening(t *testing.T) {
 	}
 }
 
+// TestExecEntry checks what an exec's process gets from warren-enter: the
+// sandbox's cgroups (its exec cgroup where there is one, the sandbox's in
+// every other hierarchy), the init's seccomp filters, and a trusted shell
+// for Shell requests that the sandbox can neither replace nor write.
+func TestExecEntry(t *testing.T) {
+	h := newHarness(t)
+	h.start(h.spec("ent-1"))
+
+	init, err := seccompFilterCount(h.c.sandboxes["ent-1"].init.pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := h.sh("ent-1", "sed -n 's/^Seccomp_filters:\t//p' /proc/self/status"); got != strconv.Itoa(init) {
+		t.Errorf("exec runs %s seccomp filters, the init %d", got, init)
+	}
+	// Inside the sandbox's cgroup namespace its own cgroups are "/", and
+	// an exec's own sub-cgroup /exec-...
+	var subs int
+	for _, line := range strings.Split(h.sh("ent-1", "cat /proc/self/cgroup"), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 {
+			t.Fatalf("/proc/self/cgroup: %q", line)
+		}
+		switch p := f[2]; {
+		case strings.HasPrefix(p, "/"+execPrefix):
+			subs++
+		case p != "/":
+			t.Errorf("exec in cgroup %q outside the sandbox's: %s", p, line)
+		}
+	}
+	if subs != 1 {
+		t.Errorf("exec in %d exec sub-cgroups, want 1", subs)
+	}
+
+	// The agent replaces /bin/sh and /bin/bash: Shell requests still run
+	// the platform's shell; argv requests run what the sandbox has.
+	h.sh("ent-1", "for s in /bin/sh /bin/bash; do rm -f $s; printf '#!/bin/busybox sh\necho pwned\n' > $s; chmod +x $s; done")
+	out := h.exec("ent-1", backend.ExecRequest{Shell: "echo \"shell $BASH_VERSION\"; readlink /proc/$$/exe; echo x > /proc/$$/exe || echo refused"})
+	if out.res.ExitCode != 0 || !strings.HasPrefix(out.stdout, "shell 5.") || !strings.Contains(out.stdout, "memfd:warren-sh") ||
+		!strings.HasSuffix(out.stdout, "refused\n") {
+		t.Errorf("trusted shell: %+v", out)
+	}
+	if got := h.exec("ent-1", backend.ExecRequest{Argv: []string{"sh", "-c", "true"}}).stdout; got != "pwned\n" {
+		t.Errorf("argv sh ran %q, want the sandbox's own (pwned)", got)
+	}
+	if got := h.exec("ent-1", backend.ExecRequest{Shell: "exit 3"}).res.ExitCode; got != 3 {
+		t.Errorf("shell exit 3: got %d", got)
+	}
+	if _, err := h.c.Exec(context.Background(), "ent-1", backend.ExecRequest{Shell: "true", Argv: []string{"true"}}); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("shell and argv: got %v, want ErrInvalid", err)
+	}
+	// A shell as a non-root user, in a directory it may not enter.
+	out = h.exec("ent-1", backend.ExecRequest{Shell: "id -u; pwd", User: "nobody", Cwd: "/tmp"})
+	if out.stdout != "65534\n/tmp\n" {
+		t.Errorf("shell as nobody: %+v", out)
+	}
+	h.sh("ent-1", "mkdir -m 700 /private")
+	if _, err := h.c.Exec(context.Background(), "ent-1", backend.ExecRequest{Argv: []string{"true"}, User: "nobody", Cwd: "/private"}); !errors.Is(err, errdefs.ErrInvalid) {
+		t.Errorf("cwd the user may not enter: got %v, want ErrInvalid", err)
+	}
+}
+
 // elf32Exit42 is a minimal i386 ELF executable doing exit(42) with int 0x80.
 func elf32Exit42() []byte {
 	const base, ehdr, phdr = 0x08048000, 52, 32

@@ -4,14 +4,15 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -21,8 +22,8 @@ import (
 	"github.com/warrenhq/warren/internal/rootfs"
 )
 
-// Exec runs req in the sandbox with `runc exec`, in a fresh child cgroup
-// of the sandbox's cgroup.
+// Exec runs req in the sandbox through warren-enter (enter.go), in a
+// fresh child cgroup of the sandbox's cgroup.
 //
 // The exec is over when its main process has exited. Processes it left in
 // the background live on in the sandbox (moved to its own cgroup), so an
@@ -35,14 +36,20 @@ import (
 // running.
 //
 // A command that cannot be started is reported as a shell would: exit code
-// 127 if it was not found, 126 otherwise, with runc's message on stderr. A
-// missing working directory is ErrInvalid.
-// Exit codes above 128 are reported as signals (runc exec, like a shell,
-// returns 128+n for a process killed by signal n). ErrNotFound for an
-// unknown sandbox, ErrConflict if it is not running, ErrInvalid for an
-// empty argv or an unknown user.
+// 127 if it was not found, 126 otherwise, with a message on stderr. A
+// missing working directory is ErrInvalid. ErrNotFound for an unknown
+// sandbox, ErrConflict if it is not running, ErrInvalid for an empty argv
+// or an unknown user, ErrUnavailable for a Shell request on a node without
+// the trusted shell.
 func (c *Container) Exec(ctx context.Context, id string, req backend.ExecRequest) (backend.ExecResult, error) {
-	if len(req.Argv) == 0 || req.Argv[0] == "" {
+	argv, execFd := req.Argv, -1
+	if req.Shell != "" {
+		if len(req.Argv) > 0 {
+			return backend.ExecResult{}, errdefs.Invalid("exec in %s: give argv or a shell command, not both", id)
+		}
+		argv = []string{"sh", "-c", req.Shell}
+	}
+	if len(argv) == 0 || argv[0] == "" {
 		return backend.ExecResult{}, errdefs.Invalid("exec in %s: empty argv", id)
 	}
 	if req.Cwd != "" && !strings.HasPrefix(req.Cwd, "/") {
@@ -55,6 +62,9 @@ func (c *Container) Exec(ctx context.Context, id string, req backend.ExecRequest
 	if !s.init.alive() || c.created(id) {
 		return backend.ExecResult{}, errdefs.New(errdefs.ErrConflict, "sandbox_not_running", "exec in %s: sandbox is not running", id)
 	}
+	if req.Shell != "" && c.shell.file == nil {
+		return backend.ExecResult{}, errdefs.Unavailable("exec in %s: %v", id, c.shell.err)
+	}
 	var uid, gid uint32 // "" is root: no need to read /etc/passwd
 	if req.User != "" {
 		if uid, gid, err = rootfs.LookupUser(c.userDB(id, s), req.User); err != nil {
@@ -63,54 +73,29 @@ func (c *Container) Exec(ctx context.Context, id string, req backend.ExecRequest
 			return backend.ExecResult{}, errdefs.Invalid("exec in %s: user %q: %v", id, req.User, err)
 		}
 	}
-
-	name := execPrefix + randomHex(8)
-	dir := c.dir(id)
-	procPath := filepath.Join(dir, name+".json")
-	logPath := filepath.Join(dir, name+".log")
-	b, err := json.Marshal(c.execProcess(s.spec, req, uid, gid))
+	filters, err := c.initFilters(s)
 	if err != nil {
 		return backend.ExecResult{}, fmt.Errorf("exec in %s: %w", id, err)
 	}
-	if err := os.WriteFile(procPath, b, 0o600); err != nil {
+	e := &enterRequest{uid: uid, gid: gid, cwd: execCwd(s.spec, req), argv: argv,
+		env: execEnv(s.spec.Env, req.Env, uid), execFd: execFd, filters: filters}
+	if e.capEff, e.capPerm, e.capBound, err = capMasks(uid); err != nil {
 		return backend.ExecResult{}, fmt.Errorf("exec in %s: %w", id, err)
 	}
-	defer os.Remove(procPath)
-	defer os.Remove(logPath)
+	for _, l := range c.rlimits {
+		e.rlimits = append(e.rlimits, rlimit{rlimitNumbers[l.Type], l.Soft, l.Hard})
+	}
+
+	name := execPrefix + randomHex(8)
 	if err := s.cg.create(name); err != nil {
 		return backend.ExecResult{}, fmt.Errorf("exec in %s: %w", id, err)
 	}
-
-	pidPath := filepath.Join(dir, name+".pid")
-	defer os.Remove(pidPath)
-	cmd := exec.Command(c.cfg.RuncPath, "--root", c.cfg.RuncRoot,
-		"--log", logPath, "--log-format", "json",
-		"exec", "--process", procPath, "--pid-file", pidPath, "--cgroup", s.cg.runcArg(name), id)
-	cmd.Env = c.runcEnv
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = req.Stdin, req.Stdout, req.Stderr
-	// Go copies a Stdin that is not a file in a goroutine that Wait waits
-	// for; stop waiting for it shortly after runc exits.
-	cmd.WaitDelay = c.cfg.ExecOutputGrace
-
-	start := time.Now()
-	if err := cmd.Start(); err != nil {
+	x, err := c.startEnter(s, name, e, req)
+	if err != nil {
 		s.cg.remove(name)
 		return backend.ExecResult{}, fmt.Errorf("exec in %s: %w", id, err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	// runc exec returns only once nothing holds the command's stdout and
-	// stderr (it copies them through pipes of its own), so it also waits
-	// for background processes that kept them. Watch the main process
-	// itself to notice when the command is really over.
-	mainExited := make(chan struct{})
-	watchCtx, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
-	go func() {
-		if waitPidFile(watchCtx, pidPath) == nil {
-			close(mainExited)
-		}
-	}()
+	defer x.close()
 
 	var timeout <-chan time.Time
 	if req.Timeout > 0 {
@@ -119,49 +104,31 @@ func (c *Container) Exec(ctx context.Context, id string, req backend.ExecRequest
 		timeout = t.C
 	}
 	var res backend.ExecResult
-	var waitErr, cleanupErr error
-	const (
-		exited = iota
-		mainGone
-		timedOut
-		cancelled
-	)
-	var why int
+	var cleanupErr error
 	select {
-	case waitErr = <-done:
-		why = exited
-	case <-mainExited:
-		why = mainGone
+	case <-x.exited:
 	case <-timeout:
-		why = timedOut
+		res.TimedOut = true
 	case <-ctx.Done():
-		why = cancelled
 	}
-	res.Duration = time.Since(start)
+	res.Duration = time.Since(x.start)
 	// Cleanup must finish even when ctx has ended: it is what kills. Its
 	// time starts now, however long the exec ran.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), execCleanupTimeout)
 	defer cancel()
-	switch why {
-	case exited:
-		cleanupErr = s.cg.evacuate(cctx, name)
-	case mainGone:
-		select {
-		case waitErr = <-done:
-			cleanupErr = s.cg.evacuate(cctx, name)
-		case <-time.After(c.cfg.ExecOutputGrace):
-			// Something left behind holds the command's output: kill
-			// what does, so that runc returns the main process's
-			// status, and let the rest live on.
-			waitErr, cleanupErr = c.killHolders(cctx, s, name, cmd, done)
-			if cleanupErr == nil {
-				cleanupErr = s.cg.evacuate(cctx, name)
-			}
+	select {
+	case <-x.exited:
+		// Over: what holds its output beyond the grace is killed, the
+		// rest moved to the sandbox's cgroup.
+		if !x.outputDone(c.cfg.ExecOutputGrace) {
+			cleanupErr = x.killHolders(cctx, s, name)
 		}
-	case timedOut, cancelled:
-		res.TimedOut = why == timedOut
-		waitErr, cleanupErr = c.killExec(cctx, s, name, cmd, done)
-		res.Duration = time.Since(start)
+		if cleanupErr == nil {
+			cleanupErr = s.cg.evacuate(cctx, name)
+		}
+	default:
+		cleanupErr = x.killAll(cctx, s, name)
+		res.Duration = time.Since(x.start)
 	}
 	if err := s.cg.remove(name); err != nil {
 		cleanupErr = errors.Join(cleanupErr, err)
@@ -172,28 +139,276 @@ func (c *Container) Exec(ctx context.Context, id string, req backend.ExecRequest
 	if ctx.Err() != nil && !res.TimedOut {
 		return res, ctx.Err()
 	}
-
-	var exitErr *exec.ExitError
-	if waitErr != nil && !errors.As(waitErr, &exitErr) && !errors.Is(waitErr, exec.ErrWaitDelay) {
-		return res, fmt.Errorf("exec in %s: %w", id, waitErr)
-	}
 	if res.TimedOut {
-		// Whatever runc said, the command was killed by us.
+		// However it ended, the command was killed by us.
 		res.ExitCode, res.Signal = 128+int(unix.SIGKILL), "SIGKILL"
 		return res, nil
 	}
-	res.ExitCode = cmd.ProcessState.ExitCode()
-	if res.ExitCode == 255 {
-		// runc's own failures exit 255 too; they leave an error in the log.
-		if msg := lastRuncError(logPath); msg != "" {
-			err := c.execFailure(id, msg, &res)
-			return res, err
+	st, err := x.status()
+	if err != nil {
+		return res, fmt.Errorf("exec in %s: %w", id, err)
+	}
+	return res, c.execResult(id, st, argv[0], req.Stderr, &res)
+}
+
+// execResult fills in res from how warren-enter said the exec ended. A
+// command that could not start is a result (127 or 126, as a shell would
+// say, with a message on the caller's stderr); a missing working directory
+// is ErrInvalid; anything else the launcher could not do is an
+// infrastructure error.
+func (c *Container) execResult(id string, st enterStatus, name string, stderr io.Writer, res *backend.ExecResult) error {
+	errno := unix.Errno(st.n)
+	switch {
+	case st.exited:
+		res.ExitCode = st.n
+	case st.signaled:
+		res.ExitCode, res.Signal = 128+st.n, unix.SignalName(unix.Signal(st.n))
+	case st.stage == "cwd":
+		return errdefs.Invalid("exec in %s: working directory: %v", id, errno)
+	case st.stage == "exec":
+		res.ExitCode = 126
+		msg := errno.Error()
+		if errno == unix.ENOENT {
+			res.ExitCode, msg = 127, "command not found"
+		}
+		if stderr != nil {
+			fmt.Fprintf(stderr, "warren: %s: %s\n", name, msg)
+		}
+	default:
+		return fmt.Errorf("exec in %s: warren-enter: %s: %v", id, st.stage, errno)
+	}
+	return nil
+}
+
+// execCwd is where an exec starts: the request's cwd, else the sandbox's
+// workdir, else /.
+func execCwd(spec backend.Spec, req backend.ExecRequest) string {
+	for _, d := range []string{req.Cwd, spec.Workdir} {
+		if d != "" {
+			return d
 		}
 	}
-	if res.ExitCode > 128 && res.ExitCode <= 128+64 {
-		res.Signal = unix.SignalName(unix.Signal(res.ExitCode - 128))
+	return "/"
+}
+
+// initFilters returns the sandbox's seccomp filters, read from its init on
+// the first exec (and again after an agent restart).
+func (c *Container) initFilters(s *sandbox) ([][]byte, error) {
+	s.filterMu.Lock()
+	defer s.filterMu.Unlock()
+	if s.filters == nil {
+		f, err := initFilters(s.init, 2*time.Second)
+		if err != nil {
+			return nil, err
+		}
+		s.filters = f
 	}
-	return res, nil
+	return s.filters, nil
+}
+
+// entered is one running warren-enter and the command's stdio.
+type entered struct {
+	cmd     *exec.Cmd
+	start   time.Time
+	exited  chan struct{} // closed when warren-enter has exited: the main process has
+	waitErr error         // cmd.Wait's, once exited is closed
+	statusR *os.File      // warren-enter's status line
+	stdin   *os.File      // our end of the command's stdin, if it reads one
+	outputs sync.WaitGroup
+	pipes   map[string]bool // "pipe:[inode]" of the command's stdout and stderr
+	readers []*os.File      // our ends of those
+}
+
+// startEnter starts warren-enter for e in the sandbox's exec cgroup sub,
+// with the request's stdio.
+func (c *Container) startEnter(s *sandbox, sub string, e *enterRequest, req backend.ExecRequest) (x *entered, err error) {
+	var files []*os.File // ours to close once warren-enter has them
+	defer func() { closeAll(files) }()
+	x = &entered{exited: make(chan struct{}), pipes: make(map[string]bool)}
+	defer func() {
+		if err != nil {
+			x.close()
+		}
+	}()
+
+	pidfd, err := unix.PidfdOpen(s.init.pid, 0)
+	if err != nil {
+		return nil, fmt.Errorf("pidfd of init: %w", err)
+	}
+	files = append(files, os.NewFile(uintptr(pidfd), "pidfd"))
+	if !s.init.alive() { // the pid was the init's when the pidfd was made
+		return nil, errdefs.New(errdefs.ErrConflict, "sandbox_not_running", "sandbox is not running")
+	}
+	statusR, statusW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	x.statusR = statusR
+	files = append(files, statusW)
+	extra := []*os.File{nil, files[0], statusW} // fds 3, 4, 5
+	if req.Shell != "" {
+		e.execFd = 3 + len(extra)
+		extra = append(extra, c.shell.file)
+	}
+	cgFiles, err := c.cgroupProcsFiles(s, sub)
+	if err != nil {
+		return nil, err
+	}
+	files = append(files, cgFiles...)
+	for _, f := range cgFiles {
+		e.cgroupFds = append(e.cgroupFds, 3+len(extra))
+		extra = append(extra, f)
+	}
+	reqFile, err := memfdOf("warren-exec", e.encode())
+	if err != nil {
+		return nil, err
+	}
+	files = append(files, reqFile)
+	extra[0] = reqFile
+
+	cmd := exec.Command(c.cfg.EnterPath)
+	cmd.Env = []string{}
+	cmd.ExtraFiles = extra
+	if req.Stdin == nil {
+		devnull, err := os.Open(os.DevNull)
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, devnull)
+		cmd.Stdin = devnull
+	} else {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, r)
+		cmd.Stdin, x.stdin = r, w
+	}
+	for _, o := range []struct {
+		dst io.Writer
+		set *io.Writer
+	}{{req.Stdout, &cmd.Stdout}, {req.Stderr, &cmd.Stderr}} {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, w)
+		x.readers = append(x.readers, r)
+		var st unix.Stat_t
+		if err := unix.Fstat(int(r.Fd()), &st); err == nil {
+			x.pipes[fmt.Sprintf("pipe:[%d]", st.Ino)] = true
+		}
+		*o.set = w
+		dst := o.dst
+		if dst == nil {
+			dst = io.Discard
+		}
+		x.outputs.Add(1)
+		go func() {
+			defer x.outputs.Done()
+			io.Copy(dst, r)
+		}()
+	}
+	x.start = time.Now()
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	x.cmd = cmd
+	go func() {
+		x.waitErr = cmd.Wait()
+		close(x.exited)
+	}()
+	if x.stdin != nil {
+		go func() {
+			io.Copy(x.stdin, req.Stdin)
+			x.stdin.Close()
+		}()
+	}
+	return x, nil
+}
+
+// outputDone waits up to grace for the command's stdout and stderr to be
+// closed by every process that holds them.
+func (x *entered) outputDone(grace time.Duration) bool {
+	done := make(chan struct{})
+	go func() { x.outputs.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-time.After(grace):
+		return false
+	}
+}
+
+// killHolders kills the processes in the exec's cgroup that still hold
+// the command's stdout or stderr, until both are closed.
+func (x *entered) killHolders(ctx context.Context, s *sandbox, sub string) error {
+	for !x.outputDone(10 * time.Millisecond) {
+		pids, err := s.cg.procs(sub)
+		if err != nil {
+			return err
+		}
+		for _, pid := range pids {
+			for p := range pipesOf(pid, 0) {
+				if x.pipes[p] {
+					unix.Kill(pid, unix.SIGKILL)
+					break
+				}
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// killAll kills everything in the exec's cgroup until warren-enter has
+// returned (the command may still be joining the cgroup when the timeout
+// fires), then once more for anything left, and waits for its output.
+func (x *entered) killAll(ctx context.Context, s *sandbox, sub string) error {
+	for exited := false; !exited; {
+		if err := s.cg.kill(ctx, sub); err != nil {
+			return err
+		}
+		select {
+		case <-x.exited:
+			exited = true
+		case <-time.After(10 * time.Millisecond):
+		case <-ctx.Done():
+			// warren-enter is stuck: kill it too.
+			x.cmd.Process.Kill()
+			<-x.exited
+			return ctx.Err()
+		}
+	}
+	if err := s.cg.kill(ctx, sub); err != nil {
+		return err
+	}
+	if !x.outputDone(time.Second) {
+		return errors.New("the command's output is still held open after its processes were killed")
+	}
+	return nil
+}
+
+// status returns how warren-enter said the exec ended.
+func (x *entered) status() (enterStatus, error) {
+	st, err := readEnterStatus(x.statusR)
+	if err != nil && x.waitErr != nil {
+		err = fmt.Errorf("%w (warren-enter: %v)", err, x.waitErr)
+	}
+	return st, err
+}
+
+// close releases our ends of the pipes; the copiers end with them.
+func (x *entered) close() {
+	if x.stdin != nil {
+		x.stdin.Close()
+	}
+	if x.statusR != nil {
+		x.statusR.Close()
+	}
+	closeAll(x.readers)
 }
 
 // userDB is the directory whose etc/passwd and etc/group an exec's user
@@ -220,58 +435,6 @@ func (c *Container) userDB(id string, s *sandbox) string {
 // it left running, or killing its whole tree), counted from when it ends.
 const execCleanupTimeout = 30 * time.Second
 
-// killExec kills everything in the exec's cgroup until runc exec has
-// returned (the command may still be joining the cgroup when the timeout
-// fires), then once more for anything left.
-func (c *Container) killExec(ctx context.Context, s *sandbox, name string, cmd *exec.Cmd, done <-chan error) (waitErr, err error) {
-	for waited := false; !waited; {
-		if err := s.cg.kill(ctx, name); err != nil {
-			return nil, err
-		}
-		select {
-		case waitErr = <-done:
-			waited = true
-		case <-time.After(10 * time.Millisecond):
-		case <-ctx.Done():
-			// runc exec is stuck: kill it too, and its process with it.
-			cmd.Process.Kill()
-			return <-done, ctx.Err()
-		}
-	}
-	return waitErr, s.cg.kill(ctx, name)
-}
-
-// killHolders kills the processes in the exec's cgroup that hold one of
-// the pipes runc copies the command's stdio through, until runc exec has
-// returned.
-func (c *Container) killHolders(ctx context.Context, s *sandbox, name string, cmd *exec.Cmd, done <-chan error) (error, error) {
-	// runc's fds 0-2 are ours; the pipes it made for the command are
-	// among the others.
-	pipes := pipesOf(cmd.Process.Pid, 3)
-	for {
-		pids, err := s.cg.procs(name)
-		if err != nil {
-			return nil, err
-		}
-		for _, pid := range pids {
-			for p := range pipesOf(pid, 0) {
-				if pipes[p] {
-					unix.Kill(pid, unix.SIGKILL)
-					break
-				}
-			}
-		}
-		select {
-		case waitErr := <-done:
-			return waitErr, nil
-		case <-time.After(10 * time.Millisecond):
-		case <-ctx.Done():
-			cmd.Process.Kill()
-			return <-done, ctx.Err()
-		}
-	}
-}
-
 // pipesOf returns the pipes ("pipe:[inode]") open in process pid at file
 // descriptors from minFd up.
 func pipesOf(pid, minFd int) map[string]bool {
@@ -290,27 +453,6 @@ func pipesOf(pid, minFd int) map[string]bool {
 		}
 	}
 	return pipes
-}
-
-// execFailure turns an error runc logged for an exec into a result or an
-// error. A process that could not start is a result (127 or 126, as a
-// shell would say, with runc's message already on the caller's stderr);
-// anything else is an infrastructure error.
-func (c *Container) execFailure(id, msg string, res *backend.ExecResult) error {
-	if strings.Contains(msg, "chdir to cwd") {
-		return errdefs.Invalid("exec in %s: working directory: %s", id, msg)
-	}
-	if strings.Contains(msg, "unable to start container process") {
-		res.ExitCode = 126
-		if strings.Contains(msg, "executable file not found") || strings.Contains(msg, "no such file or directory") {
-			res.ExitCode = 127
-		}
-		return nil
-	}
-	if strings.Contains(msg, "cannot exec in a stopped") || strings.Contains(msg, "not running") {
-		return errdefs.New(errdefs.ErrConflict, "sandbox_not_running", "exec in %s: %s", id, msg)
-	}
-	return fmt.Errorf("exec in %s: runc: %s", id, msg)
 }
 
 func randomHex(n int) string {

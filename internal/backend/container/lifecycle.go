@@ -128,6 +128,7 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 	c.mu.Lock()
 	s.init = initProc{pid: st.InitPid, start: st.InitStart}
 	s.cg = cg
+	s.cgPath = st.CgroupPaths
 	s.ready = true
 	c.mu.Unlock()
 	return nil
@@ -509,7 +510,7 @@ func (c *Container) Recover(ctx context.Context, spec backend.Spec) (backend.Sta
 	if st, err := c.readRuncState(id); err == nil {
 		s.init = initProc{pid: st.InitPid, start: st.InitStart}
 		if cg, err := execCgroupOf(st.CgroupPaths); err == nil {
-			s.cg = cg
+			s.cg, s.cgPath = cg, st.CgroupPaths
 		} else {
 			reasons = append(reasons, err.Error())
 		}

@@ -151,26 +151,6 @@ func resolvConfFor(servers []string) []byte {
 	return []byte(b.String())
 }
 
-// execProcess is the runc process for an exec request, run as uid:gid.
-func (c *Container) execProcess(spec backend.Spec, req backend.ExecRequest, uid, gid uint32) *specs.Process {
-	cwd := req.Cwd
-	if cwd == "" {
-		cwd = spec.Workdir
-	}
-	if cwd == "" {
-		cwd = "/"
-	}
-	return &specs.Process{
-		Args:            req.Argv,
-		Env:             execEnv(spec.Env, req.Env, uid),
-		Cwd:             cwd,
-		User:            specs.User{UID: uid, GID: gid},
-		Capabilities:    guard.Capabilities(uid),
-		NoNewPrivileges: true,
-		Rlimits:         c.rlimits,
-	}
-}
-
 // execEnv merges the sandbox's default environment with the request's (the
 // request wins) and fills in PATH and HOME when neither sets them, as a
 // login would.

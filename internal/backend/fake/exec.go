@@ -28,7 +28,8 @@ const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 // exits, for background processes that still hold its pipes.
 const outputGrace = 2 * time.Second
 
-// Exec runs req.Argv as a host process in the sandbox's root, cwd resolved
+// Exec runs req.Argv (or req.Shell with the host's /bin/sh) as a host
+// process in the sandbox's root, cwd resolved
 // in-root (default spec.Workdir, then "/"), with env spec.Env + req.Env
 // and PATH searched on the host (default PATH if the env has none), plus
 // WARREN_FAKE_ROOT, by which Stop, Destroy and Processes find every
@@ -43,6 +44,13 @@ const outputGrace = 2 * time.Second
 // running, ErrInvalid for an empty argv, a relative or missing cwd, or an
 // unknown user.
 func (b *Backend) Exec(ctx context.Context, id string, req backend.ExecRequest) (backend.ExecResult, error) {
+	if req.Shell != "" {
+		if len(req.Argv) > 0 {
+			return backend.ExecResult{}, errdefs.Invalid("fake: exec in %s: give argv or a shell command, not both", id)
+		}
+		// The host's shell is the fake's trusted one.
+		req.Argv = []string{"/bin/sh", "-c", req.Shell}
+	}
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		return backend.ExecResult{}, errdefs.Invalid("fake: exec in %s: empty argv", id)
 	}

@@ -19,9 +19,11 @@ import (
 
 // Bin builds cmd/warren into a temporary directory of t, with build tags
 // such as warrenfake (`warren agent --backend fake`), and returns its
-// path.
+// path. Its helpers (warren-enter, warren-fninit) are on PATH
+// (testutil.Helpers).
 func Bin(t *testing.T, tags ...string) string {
 	t.Helper()
+	testutil.Helpers(t)
 	bin := filepath.Join(t.TempDir(), "warren")
 	cmd := exec.Command("go", "build", "-tags", strings.Join(tags, ","), "-o", bin, "github.com/warrenhq/warren/cmd/warren")
 	if out, err := cmd.CombinedOutput(); err != nil {
