@@ -69,11 +69,15 @@ func testSearchForSecrets(t *testing.T, p *platform) {
 // An agent that replaces /bin/sh and busybox (every command of the
 // image) breaks only its own sandbox: the layer under it is read-only,
 // so another sandbox of the same image, and a new one, run the real
-// ones.
+// ones. The platform's `exec --sh` never ran the sandbox's shell: it
+// still works in the victim.
 func testOverwriteShell(t *testing.T, p *platform) {
 	victim := p.sandbox(t)
 	other := p.sandbox(t)
 	p.sh(t, victim, "for f in /bin/sh /bin/busybox; do rm -f $f; printf '#!/attack\\n' > $f; chmod 755 $f; done; true")
+	if r := p.sh(t, victim, "echo $((6*7)) $0 ${BASH_VERSION%%.*}"); r.Stdout != "42 sh 5\n" {
+		t.Errorf("exec --sh in the victim: %q, %q", r.Stdout, r.Stderr)
+	}
 	for _, id := range []string{other, p.sandbox(t)} {
 		r := p.sh(t, id, "echo $((6*7)); readlink -f /bin/sh; wc -c < /bin/busybox")
 		f := strings.Fields(r.Stdout)
@@ -106,8 +110,13 @@ func testVerifyCleanRoom(t *testing.T, p *platform) {
 	id := p.sandbox(t)
 	p.sh(t, id, "mkdir -p /work && echo 41 > /work/answer && ln -s /etc/expected /work/expected && "+
 		"for f in /bin/sh /bin/busybox; do rm -f $f; printf '#!/attack\\n' > $f; chmod 755 $f; done; true")
-	if r, err := p.c.Exec(context.Background(), id, api.ExecRequest{Cmd: "echo $((6*7))"}); err == nil && r.Stdout == "42\n" {
+	if r, err := p.c.Exec(context.Background(), id, api.ExecRequest{Argv: []string{"sh", "-c", "echo $((6*7))"}}); err == nil && r.Stdout == "42\n" {
 		t.Fatalf("the agent's shell still answers: the overwrite did not happen")
+	}
+	// The platform's shell is its own: it still answers (its builtins;
+	// the commands it runs are the agent's, hence the clean room).
+	if r, err := p.c.Exec(context.Background(), id, api.ExecRequest{Cmd: "echo $((6*7))"}); err != nil || r.Stdout != "42\n" {
+		t.Errorf("exec --sh after the agent replaced its shell: %+v, %v", r, err)
 	}
 	res, err := p.c.Verify(context.Background(), id, client.VerifyRequest{Image: "busybox", Copy: []string{"/work"},
 		Exec: api.ExecRequest{Cmd: "echo 42 > /etc/expected; echo $((6*7)); cat /work/answer; ls /work"}})

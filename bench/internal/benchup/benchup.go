@@ -18,6 +18,7 @@ import (
 
 	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/internal/daemon"
+	"github.com/warrenhq/warren/internal/hostbin"
 	"github.com/warrenhq/warren/internal/pki"
 )
 
@@ -91,6 +92,9 @@ func InProcess(ctx context.Context, dataDir string, withTLS, quiet bool) (*clien
 // cfg.Ready) and returns a client of it with the admin token: over https
 // when cfg.TLS has a certificate, with opts (a CA to trust).
 func Run(ctx context.Context, cfg daemon.UpConfig, opts ...client.Option) (*client.Client, error) {
+	if err := findHelpers(); err != nil {
+		return nil, err
+	}
 	ready := make(chan string, 1)
 	done := make(chan error, 1)
 	cfg.Ready = func(addr string) { ready <- addr }
@@ -110,4 +114,21 @@ func Run(ctx context.Context, cfg daemon.UpConfig, opts ...client.Option) (*clie
 		scheme = "https://"
 	}
 	return client.New(scheme+addr, strings.TrimSpace(string(tok)), opts...), nil
+}
+
+// findHelpers puts the repository's bin/ (scripts/setup builds warren's C
+// helpers there) on PATH when the helpers are neither beside this
+// executable (`go run` builds it elsewhere) nor on PATH already.
+func findHelpers() error {
+	if p := hostbin.Find("warren-enter"); filepath.IsAbs(p) {
+		return nil
+	}
+	bin, err := filepath.Abs("bin")
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(filepath.Join(bin, "warren-enter")); err != nil {
+		return fmt.Errorf("warren-enter not found beside this program, on PATH or in ./bin: run scripts/setup (or scripts/build-helpers) from the repository's root")
+	}
+	return os.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
 }
