@@ -3,7 +3,8 @@
 // API into a running container sandbox, against peers that run the same
 // command in the same sandbox in the same run:
 //
-//	runc exec   `runc exec` on warren's own container (what warren runs)
+//	runc exec   `runc exec` on warren's own container (what warren ran
+//	            before warren-enter)
 //	nsenter -a  entering the sandbox's namespaces from the host (the floor
 //	            of any exec that joins a running sandbox)
 //	host        a plain fork+exec on the host (no sandbox at all)
@@ -23,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -85,7 +87,11 @@ func run(n, conc, rounds int, python string) error {
 	}
 	fmt.Printf("bench/exec: n=%d per peer, round and mode, %d concurrent callers, %d rounds, %s\n", n, conc, rounds, time.Now().UTC().Format(time.RFC3339))
 	for _, cmd := range commands {
-		sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Image: cmd.image})
+		// As many cores as the host has: nsenter joins no cgroup, so a
+		// sandbox's CPU limit (one core by default) would bind warren and
+		// runc exec alone under concurrent calls.
+		sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Image: cmd.image,
+			Resources: api.Resources{CPU: float64(runtime.NumCPU())}})
 		if err != nil {
 			return err
 		}
