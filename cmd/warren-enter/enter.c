@@ -24,7 +24,8 @@
 // fork (a pid namespace applies to children). The child joins the cgroups,
 // sets groups, gid, uid (keeping capabilities), rlimits and the umask,
 // enters the working directory as the user, sets the capability sets and
-// bounding set, no_new_privs, loads the seccomp filters and execs. The
+// bounding set, no_new_privs, Landlock (the sandbox's root and nothing
+// outside it), loads the seccomp filters and execs. The
 // parent waits for it and writes how it ended: "exit N", "signal N", or
 // "error STAGE ERRNO" if it never ran (STAGE "exec" with ENOENT means not
 // found). A failed step in the child is sent back on a close-on-exec pipe,
@@ -150,6 +151,7 @@ struct request {
 	struct sock_fprog filters[MAX_FILTERS]; // in the order to load them
 	uint64_t ncgroups;
 	int cgroups[16]; // cgroup.procs descriptors
+	uint64_t landlock_handled, landlock_allowed; // 0: no Landlock
 };
 
 static void read_request(struct request *q) {
@@ -205,6 +207,8 @@ static void read_request(struct request *q) {
 		bad_request();
 	for (uint64_t i = 0; i < q->ncgroups; i++)
 		q->cgroups[i] = get_u64(&r);
+	q->landlock_handled = get_u64(&r);
+	q->landlock_allowed = get_u64(&r);
 	if (!q->argv[0] || !q->argv[0][0] || r.left)
 		bad_request();
 }
@@ -222,14 +226,51 @@ static void fail(int stage, int err) {
 	_exit(127);
 }
 
-enum { S_CGROUP = 1, S_GROUPS, S_GID, S_UID, S_RLIMIT, S_CWD, S_CAPS, S_NNP, S_SECCOMP, S_EXEC };
-static const char *stages[] = {"", "cgroup", "groups", "gid", "uid", "rlimit", "cwd", "caps", "nnp", "seccomp", "exec"};
+enum { S_CGROUP = 1, S_GROUPS, S_GID, S_UID, S_RLIMIT, S_CWD, S_CAPS, S_NNP, S_LANDLOCK, S_SECCOMP, S_EXEC };
+static const char *stages[] = {"", "cgroup", "groups", "gid", "uid", "rlimit", "cwd", "caps", "nnp", "landlock", "seccomp", "exec"};
 
 #define CHECK(call, stage)                                                                         \
 	do {                                                                                       \
 		if ((call) < 0)                                                                    \
 			fail(stage, errno);                                                        \
 	} while (0)
+
+// landlock confines the process and everything it starts to the file
+// hierarchy beneath the sandbox's root, with the rights the agent allows
+// there (all but making device nodes): a path that leads out of it (a
+// host process's /proc/<pid>/root, a descriptor that leaked in) opens
+// nothing, whatever else went wrong. Rights this kernel's Landlock does
+// not know are dropped from both sets. Landlock ABI 1 is not used: it
+// denies every rename and link across directories (REFER).
+static void landlock(struct request *q) {
+	struct {
+		uint64_t handled_access_fs;
+	} attr;
+	struct {
+		uint64_t allowed_access;
+		int32_t parent_fd;
+	} __attribute__((packed)) rule;
+	long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, 1 /* LANDLOCK_CREATE_RULESET_VERSION */);
+	if (abi < 2)
+		fail(S_LANDLOCK, abi < 0 ? errno : ENOSYS);
+	uint64_t known = (1ull << 14) - 1; // ABI 2: EXECUTE .. REFER
+	if (abi >= 3)
+		known |= 1ull << 14; // TRUNCATE
+	if (abi >= 5)
+		known |= 1ull << 15; // IOCTL_DEV
+	attr.handled_access_fs = q->landlock_handled & known;
+	int rs = syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0);
+	if (rs < 0)
+		fail(S_LANDLOCK, errno);
+	rule.allowed_access = q->landlock_allowed & attr.handled_access_fs;
+	rule.parent_fd = open("/", O_PATH | O_CLOEXEC);
+	if (rule.parent_fd < 0)
+		fail(S_LANDLOCK, errno);
+	CHECK(syscall(SYS_landlock_add_rule, rs, 1 /* LANDLOCK_RULE_PATH_BENEATH */, &rule, 0), S_LANDLOCK);
+	CHECK(syscall(SYS_landlock_restrict_self, rs, 0), S_LANDLOCK);
+	close(rule.parent_fd);
+	close(rs);
+}
 
 // env_path is the PATH of the command's environment (not ours).
 static const char *env_path(char **env) {
@@ -331,6 +372,8 @@ static void child(struct request *q) {
 	CHECK(prctl(PR_SET_KEEPCAPS, 0, 0, 0, 0), S_CAPS);
 
 	CHECK(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), S_NNP);
+	if (q->landlock_handled)
+		landlock(q);
 	// Every descriptor but 0-2 (and the binary, needed by execveat) is
 	// closed by the exec; errpipe is close-on-exec already.
 	if (syscall(SYS_close_range, 3, ~0U, CLOSE_RANGE_CLOEXEC) < 0) {

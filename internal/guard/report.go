@@ -1,10 +1,9 @@
 package guard
 
 import (
+	"fmt"
 	"os"
 	"strings"
-
-	"golang.org/x/sys/unix"
 )
 
 // Enforced names what every container and FnCall sandbox gets from this
@@ -22,9 +21,9 @@ type LSM struct {
 	Note    string
 }
 
-// LSMs reports Landlock and AppArmor on this host. Neither is applied
-// yet: runc 1.1 has no Landlock support, and warren's own exec launcher
-// (which will apply it to every sandbox process) is not built yet; no
+// LSMs reports Landlock and AppArmor on this host. Landlock is applied
+// where the kernel has ABI 2 or later (LandlockRules): warren-enter
+// confines every process an exec starts to the sandbox's root. No
 // AppArmor profile is loaded where AppArmor runs. Detection does not
 // need securityfs: Landlock answers its ABI version, AppArmor says
 // whether it is enabled in its module parameters.
@@ -36,11 +35,16 @@ func LSMs() []LSM {
 		}
 	}
 	var out []LSM
-	ll := LSM{Name: "landlock", Note: "not applied: needs warren's own exec launcher (runc 1.1 has no Landlock)"}
-	if v, _, errno := unix.Syscall(unix.SYS_LANDLOCK_CREATE_RULESET, 0, 0, unix.LANDLOCK_CREATE_RULESET_VERSION); errno == 0 && int(v) > 0 {
-		ll.Active = true
-	} else {
+	ll := LSM{Name: "landlock"}
+	switch abi := LandlockABI(); {
+	case abi == 0:
 		ll.Note = "not in this kernel, or disabled"
+	case abi == 1:
+		ll.Active = true
+		ll.Note = "not applied: ABI 1 denies renames across directories"
+	default:
+		ll.Active, ll.Applied = true, true
+		ll.Note = fmt.Sprintf("ABI %d: exec'd processes reach nothing outside the sandbox's root, make no device nodes", abi)
 	}
 	out = append(out, ll)
 	aa := LSM{Name: "apparmor", Note: "not running on this host"}

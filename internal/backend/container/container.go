@@ -42,6 +42,7 @@ import (
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/diskquota"
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/guard"
 	"github.com/warrenhq/warren/internal/hostbin"
 	"github.com/warrenhq/warren/internal/image"
 )
@@ -95,6 +96,7 @@ type Container struct {
 	runcEnv    []string
 	quota      *diskquota.Quota // limits each sandbox directory (disk.go)
 	shell      trustedShell     // for ExecRequest.Shell
+	landlock   [2]uint64        // handled and allowed rights, guard.LandlockRules
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
@@ -174,6 +176,7 @@ func New(cfg Config) (*Container, error) {
 	c.runcEnv = runcEnv()
 	c.quota = diskquota.Detect(c.sandboxDir)
 	c.shell = loadTrustedShell(cfg.ShellPath)
+	c.landlock[0], c.landlock[1], _ = guard.LandlockRules()
 	return c, nil
 }
 

@@ -18,6 +18,7 @@ import (
 
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/guard"
 	"github.com/warrenhq/warren/internal/image/imagetest"
 	"github.com/warrenhq/warren/internal/testutil"
 )
@@ -572,6 +573,19 @@ func TestExecEntry(t *testing.T) {
 	}
 	if _, err := h.c.Exec(context.Background(), "ent-1", backend.ExecRequest{Shell: "true", Argv: []string{"true"}}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("shell and argv: got %v, want ErrInvalid", err)
+	}
+	// Landlock, where the kernel applies it: no device node anywhere
+	// (refused by Landlock before the missing CAP_MKNOD: EACCES, not
+	// EPERM); FIFOs and renames across directories as usual.
+	if _, _, ok := guard.LandlockRules(); ok {
+		out = h.exec("ent-1", backend.ExecRequest{Shell: "mknod /tmp/null c 1 3"})
+		if out.res.ExitCode == 0 || !strings.Contains(out.stderr, "Permission denied") {
+			t.Errorf("mknod under Landlock: %+v", out)
+		}
+		out = h.exec("ent-1", backend.ExecRequest{Shell: "mkfifo /tmp/f && mkdir -p /root/d && mv /tmp/f /root/d/f && ls /root/d"})
+		if out.stdout != "f\n" {
+			t.Errorf("fifo and rename under Landlock: %+v", out)
+		}
 	}
 	// A shell as a non-root user, in a directory it may not enter.
 	out = h.exec("ent-1", backend.ExecRequest{Shell: "id -u; pwd", User: "nobody", Cwd: "/tmp"})

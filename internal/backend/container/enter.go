@@ -41,6 +41,8 @@ type enterRequest struct {
 	execFd                    int // -1: argv[0] looked up in env's PATH
 	filters                   [][]byte
 	cgroupFds                 []int
+	landlockHandled           uint64 // 0: no Landlock
+	landlockAllowed           uint64
 }
 
 type rlimit struct{ resource, soft, hard uint64 }
@@ -86,6 +88,8 @@ func (r *enterRequest) encode() []byte {
 	for _, fd := range r.cgroupFds {
 		u(uint64(fd))
 	}
+	u(r.landlockHandled)
+	u(r.landlockAllowed)
 	return b
 }
 
@@ -153,7 +157,9 @@ func readEnterStatus(r io.Reader) (enterStatus, error) {
 // non-dumpable and has no capabilities), so what is read is what runs.
 //
 // runc loads the filter just before it execs the init, after Start has
-// returned, so a call right after Start waits for it (up to wait).
+// returned, so a call right after Start waits (up to wait) for the init
+// to be catatonit and filtered: a multi-threaded runc init in the middle
+// of its execve is no process to stop and read.
 func initFilters(p initProc, wait time.Duration) ([][]byte, error) {
 	deadline := time.Now().Add(wait)
 	for {
@@ -161,11 +167,15 @@ func initFilters(p initProc, wait time.Duration) ([][]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		if n > 0 {
+		comm, err := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/comm")
+		if err != nil {
+			return nil, err
+		}
+		if n > 0 && !strings.HasPrefix(string(comm), "runc:") {
 			break
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("the init (pid %d) runs no seccomp filter", p.pid)
+			return nil, fmt.Errorf("the init (pid %d, %q) is not running under its seccomp filter yet", p.pid, strings.TrimSpace(string(comm)))
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -174,7 +184,7 @@ func initFilters(p initProc, wait time.Duration) ([][]byte, error) {
 	defer runtime.UnlockOSThread()
 	pid := p.pid
 	if err := unix.PtraceSeize(pid); err != nil {
-		return nil, fmt.Errorf("ptrace init %d: %w", pid, err)
+		return nil, fmt.Errorf("ptrace init %d: %w (a Yama ptrace_scope of 3 forbids it)", pid, err)
 	}
 	var sig uintptr // a signal the stop took from the init, given back
 	defer func() { unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_DETACH, uintptr(pid), 0, sig, 0, 0) }()
@@ -184,14 +194,23 @@ func initFilters(p initProc, wait time.Duration) ([][]byte, error) {
 	if err := unix.PtraceInterrupt(pid); err != nil {
 		return nil, fmt.Errorf("ptrace init %d: %w", pid, err)
 	}
-	for {
+	// The stop comes at once; never wait for it without bound.
+	stopBy := time.Now().Add(2 * time.Second)
+	for d := 20 * time.Microsecond; ; d = min(2*d, 10*time.Millisecond) {
 		var ws unix.WaitStatus
-		_, err := unix.Wait4(pid, &ws, unix.WALL, nil)
+		wpid, err := unix.Wait4(pid, &ws, unix.WALL|unix.WNOHANG, nil)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
 		if err != nil {
 			return nil, fmt.Errorf("wait for init %d: %w", pid, err)
+		}
+		if wpid == 0 {
+			if time.Now().After(stopBy) {
+				return nil, fmt.Errorf("init %d did not stop for ptrace", pid)
+			}
+			time.Sleep(d)
+			continue
 		}
 		if !ws.Stopped() {
 			return nil, fmt.Errorf("init %d exited", pid)
@@ -207,6 +226,9 @@ func initFilters(p initProc, wait time.Duration) ([][]byte, error) {
 		n, _, e := unix.Syscall6(unix.SYS_PTRACE, unix.PTRACE_SECCOMP_GET_FILTER, uintptr(pid), i, 0, 0, 0)
 		if e == unix.ENOENT {
 			break
+		}
+		if e == unix.EINVAL && i == 0 {
+			return nil, errors.New("this kernel cannot read a process's seccomp filters (PTRACE_SECCOMP_GET_FILTER needs CONFIG_CHECKPOINT_RESTORE)")
 		}
 		if e != 0 {
 			return nil, fmt.Errorf("read the init's seccomp filter: %w", e)
