@@ -156,7 +156,8 @@ type SandboxList struct {
 }
 
 // ExecRequest is the body of POST /v1/sandboxes/{id}/exec. Exactly one of
-// Argv and Cmd is set; Cmd runs as `/bin/sh -c Cmd`.
+// Argv and Cmd is set; Cmd runs as `sh -c Cmd` with the platform's own
+// shell, never the sandbox's /bin/sh.
 type ExecRequest struct {
 	Argv  []string          `json:"argv,omitempty"`
 	Cmd   string            `json:"cmd,omitempty"`

@@ -33,7 +33,9 @@ they arrive, and warren exits with the command's exit code (124 when it timed
 out, 128+N when killed by signal N).
 
 The command is an argv: no shell parses it. Use --sh 'CMD STRING' for
-/bin/sh -c. Put flags for warren before "--".`,
+sh -c with the platform's own shell (a static bash from the node, never the
+sandbox's /bin/sh, which the workload may have replaced; the commands it
+runs are the sandbox's). Put flags for warren before "--".`,
 		Example: `  warren exec $SBX -- ls -la /work
   warren exec $SBX --timeout 2s -e K=V -w /work -- python3 main.py
   warren exec $SBX --sh 'cd /work && make test | tail -n 20'
@@ -88,7 +90,7 @@ The command is an argv: no shell parses it. Use --sh 'CMD STRING' for
 	f.StringVarP(&user, "user", "u", "", "user: name, uid or uid:gid")
 	f.BoolVarP(&interactive, "interactive", "i", false, "send local stdin to the command (read fully first)")
 	f.StringVar(&maxOutput, "max-output", "", "cap on each of stdout and stderr, e.g. 1Mi (server default when empty)")
-	f.StringVar(&shell, "sh", "", "run this string with /bin/sh -c instead of an argv")
+	f.StringVar(&shell, "sh", "", "run this string with the platform's own shell (sh -c) instead of an argv")
 	return c
 }
 

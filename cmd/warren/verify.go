@@ -82,7 +82,7 @@ verifier is deleted afterwards unless --keep.`,
 	f := c.Flags()
 	f.StringVar(&image, "image", "", "the verifier's environment, NAME@VERSION (required)")
 	f.StringArrayVar(&copies, "copy", nil, "an absolute path to copy from SBX to the same path in the verifier (repeatable; required)")
-	f.StringVar(&shell, "sh", "", "run this string with the verifier's /bin/sh -c instead of an argv")
+	f.StringVar(&shell, "sh", "", "run this string with the platform's own shell (sh -c) in the verifier instead of an argv")
 	f.StringVarP(&workdir, "workdir", "w", "", "working directory in the verifier")
 	f.DurationVar(&timeout, "timeout", 0, "kill the check after this long (server default when 0)")
 	f.BoolVar(&keep, "keep", false, "keep the verifier sandbox (for a look at what the check saw)")
