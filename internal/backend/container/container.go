@@ -4,9 +4,9 @@
 // every sandbox on the node (image.Mounts).
 //
 // There is no platform daemon inside a sandbox. Its pid 1 is catatonit in
-// pause mode (it reaps zombies and does nothing else), bind-mounted
-// read-only from the host onto /dev/init, which lives in the sandbox's /dev
-// tmpfs so that nothing is written to the sandbox's root. Exec enters the
+// pause mode (it reaps zombies and does nothing else), bound read-only on
+// /dev/init (in the sandbox's /dev tmpfs) from the node's platform layer
+// (platformDir). Exec enters the
 // sandbox from the host through warren-enter, the platform's own launcher
 // (cmd/warren-enter, enter.go), which joins the init's namespaces and
 // cgroups and applies the init's own seccomp filters; file calls read and
@@ -96,6 +96,7 @@ type Container struct {
 	runcEnv    []string
 	quota      *diskquota.Quota // limits each sandbox directory (disk.go)
 	shell      trustedShell     // for ExecRequest.Shell
+	initErr    error            // why the init binary is missing, if it is
 	landlock   [2]uint64        // handled and allowed rights, guard.LandlockRules
 
 	mu        sync.Mutex
@@ -301,26 +302,30 @@ func (c *Container) releaseLayers(s *sandbox) error {
 	return errors.Join(errs...)
 }
 
-// installInit copies the init binary (catatonit) into the state directory
-// with mode 0111, execute only, and points InitPath at the copy. A process
-// that execs a file it may not read is made non-dumpable by the kernel,
-// and the sandbox's init runs with no capabilities (ociSpec), so it cannot
-// read its own binary: nothing in the sandbox (root without
-// CAP_SYS_PTRACE) may ptrace it, read or write its memory through
-// /proc/1/mem or process_vm_writev, or take its file descriptors with
-// pidfd_getfd. The node enters sandboxes through their init's namespaces.
-// A missing binary is left to Available.
+// installInit copies the init binary (catatonit) into the node's platform
+// layer (platformDir) with mode 0111, execute only. A process that execs a
+// file it may not read is made non-dumpable by the kernel, and the
+// sandbox's init runs with no capabilities (ociSpec), so it cannot read
+// its own binary: nothing in the sandbox (root without CAP_SYS_PTRACE) may
+// ptrace it, read or write its memory through /proc/1/mem or
+// process_vm_writev, or take its file descriptors with pidfd_getfd. The
+// node enters sandboxes through their init's namespaces. A missing binary
+// is left to Available and Create (initErr).
 func (c *Container) installInit() error {
 	src, err := os.ReadFile(c.cfg.InitPath)
 	if err != nil {
+		c.initErr = fmt.Errorf("init binary: %w", err)
 		return nil
 	}
-	dst := filepath.Join(c.cfg.StateDir, "init")
+	dir := filepath.Join(c.platformDir(), platformSub)
+	dst := filepath.Join(dir, "init")
 	if old, err := os.ReadFile(dst); err == nil && bytes.Equal(old, src) {
 		if fi, err := os.Stat(dst); err == nil && fi.Mode().Perm() == 0o111 {
-			c.cfg.InitPath = dst
 			return nil
 		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
 	}
 	tmp := dst + ".tmp"
 	os.Remove(tmp)
@@ -330,9 +335,18 @@ func (c *Container) installInit() error {
 	if err := os.Chmod(tmp, 0o111); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp, dst); err != nil {
-		return err
-	}
-	c.cfg.InitPath = dst
-	return nil
+	return os.Rename(tmp, dst)
 }
+
+// platformDir is the node's platform layer: the lowest layer of every
+// sandbox's overlay, holding the init binary at /.warren/init. The
+// sandbox's /dev/init is a read-only bind of that file made from inside
+// its own root, so that its /proc/self/mountinfo shows "/.warren/init" on
+// the sandbox's overlay, never a path of the host's; an empty read-only
+// tmpfs then covers /.warren. Nothing writes to a lower layer: an agent's
+// write to /.warren/init is a copy-up into its own upper layer.
+func (c *Container) platformDir() string { return filepath.Join(c.cfg.StateDir, "platform") }
+
+// platformSub is the directory the platform's files appear in, in every
+// sandbox's root (covered by an empty tmpfs once they are bound).
+const platformSub = ".warren"

@@ -557,6 +557,16 @@ func TestExecEntry(t *testing.T) {
 		t.Errorf("exec in %d exec sub-cgroups, want 1", subs)
 	}
 
+	// Nothing in the sandbox's view of its mounts names the host's paths.
+	if mi := h.sh("ent-1", "cat /proc/self/mountinfo /proc/self/mounts"); strings.Contains(mi, h.c.cfg.StateDir) ||
+		!strings.Contains(mi, " /.warren/init /dev/init ro,") {
+		t.Errorf("the sandbox's mount table names the state directory %s, or not the platform's init:\n%s", h.c.cfg.StateDir, mi)
+	}
+	// The platform's files are covered, read-only, and stay the node's.
+	if got := h.sh("ent-1", "ls -A /.warren; touch /.warren/x 2>/dev/null || echo ro"); got != "ro" {
+		t.Errorf("/.warren: %q, want empty and read-only", got)
+	}
+
 	// The agent replaces /bin/sh and /bin/bash: Shell requests still run
 	// the platform's shell; argv requests run what the sandbox has.
 	h.sh("ent-1", "for s in /bin/sh /bin/bash; do rm -f $s; printf '#!/bin/busybox sh\necho pwned\n' > $s; chmod +x $s; done")

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -27,6 +28,9 @@ import (
 func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 	if err := validateSpec(spec); err != nil {
 		return err
+	}
+	if c.initErr != nil {
+		return errdefs.Unavailable("create sandbox %s: %v", spec.ID, c.initErr)
 	}
 	id := spec.ID
 	s := &sandbox{spec: spec}
@@ -85,6 +89,19 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 		s.layers = append(s.layers, l.Digest)
 		lower[len(lower)-1-i] = mp // overlayfs wants the top layer first
 	}
+	// The platform's files (platformDir): the node's under every layer,
+	// the sandbox's own (its resolv.conf) above them.
+	lower = append(lower, c.platformDir())
+	if len(spec.DNS) > 0 {
+		own := filepath.Join(dir, "platform")
+		if err := os.MkdirAll(filepath.Join(own, platformSub), 0o755); err != nil {
+			return fmt.Errorf("create sandbox %s: %w", id, err)
+		}
+		if err := os.WriteFile(filepath.Join(own, platformSub, resolvConf), resolvConfFor(spec.DNS), 0o644); err != nil {
+			return fmt.Errorf("create sandbox %s: %w", id, err)
+		}
+		lower = append([]string{own}, lower...)
+	}
 
 	// Bind: on ext4 the overlay must not write as root with CAP_SYS_RESOURCE,
 	// or it would pass the disk limit (disk.go).
@@ -93,11 +110,6 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 	}
 	undo = append(undo, func() error { return unmountAll(root) })
 
-	if len(spec.DNS) > 0 {
-		if err := os.WriteFile(filepath.Join(dir, resolvConf), resolvConfFor(spec.DNS), 0o644); err != nil {
-			return fmt.Errorf("create sandbox %s: %w", id, err)
-		}
-	}
 	oci, err := c.ociSpec(spec, root)
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
@@ -160,12 +172,49 @@ func validateSpec(spec backend.Spec) error {
 // mountOverlay mounts the sandbox root. "volatile" skips the syncs
 // overlayfs would otherwise do on every fsync and at unmount: the upper dir
 // is scratch space that does not survive a host crash anyway.
+//
+// The directories are named to the kernel as /proc/self/fd/N of
+// descriptors held for the call: overlayfs shows its options as given in
+// every mount table, the sandbox's own /proc/self/mountinfo included, and
+// those names say nothing of the host's paths (and stay short: the
+// options must fit in a page).
 func mountOverlay(lower []string, upper, work, target string) error {
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,volatile", strings.Join(lower, ":"), upper, work)
+	var fds []string
+	open := func(dir string) (string, error) {
+		fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return "", fmt.Errorf("mount overlay: %w", &os.PathError{Op: "open", Path: dir, Err: err})
+		}
+		p := "/proc/self/fd/" + strconv.Itoa(fd)
+		fds = append(fds, p)
+		return p, nil
+	}
+	defer func() {
+		for _, p := range fds {
+			fd, _ := strconv.Atoi(strings.TrimPrefix(p, "/proc/self/fd/"))
+			unix.Close(fd)
+		}
+	}()
+	names := make([]string, len(lower))
+	for i, l := range lower {
+		var err error
+		if names[i], err = open(l); err != nil {
+			return err
+		}
+	}
+	u, err := open(upper)
+	if err != nil {
+		return err
+	}
+	w, err := open(work)
+	if err != nil {
+		return err
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,volatile", strings.Join(names, ":"), u, w)
 	if len(opts) >= os.Getpagesize() {
 		return errdefs.Invalid("overlay options for %d layers exceed a page", len(lower))
 	}
-	err := unix.Mount("overlay", target, "overlay", 0, opts)
+	err = unix.Mount("overlay", target, "overlay", 0, opts)
 	if errors.Is(err, unix.EINVAL) {
 		// Kernels before 5.10 lack "volatile".
 		err = unix.Mount("overlay", target, "overlay", 0, strings.TrimSuffix(opts, ",volatile"))

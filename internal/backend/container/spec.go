@@ -106,7 +106,7 @@ func (c *Container) ociSpec(spec backend.Spec, rootfs string) (*specs.Spec, erro
 			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
-			{Destination: initPath, Type: "bind", Source: c.cfg.InitPath, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+			{Destination: initPath, Type: "bind", Source: filepath.Join(rootfs, platformSub, "init"), Options: []string{"bind", "ro", "nosuid", "nodev"}},
 		},
 		Linux: &specs.Linux{
 			CgroupsPath: c.cfg.CgroupParent + "/" + spec.ID,
@@ -125,8 +125,12 @@ func (c *Container) ociSpec(spec backend.Spec, rootfs string) (*specs.Spec, erro
 		// Read-only: what the sandbox would write there would land
 		// outside its disk limit, and no other resolver answers it anyway.
 		s.Mounts = append(s.Mounts, specs.Mount{Destination: "/etc/resolv.conf", Type: "bind",
-			Source: filepath.Join(c.dir(spec.ID), resolvConf), Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
+			Source: filepath.Join(rootfs, platformSub, resolvConf), Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
 	}
+	// Binds above come from the platform's files in the sandbox's own
+	// root (platformDir); once made, an empty read-only tmpfs hides them.
+	s.Mounts = append(s.Mounts, specs.Mount{Destination: "/" + platformSub, Type: "tmpfs", Source: "tmpfs",
+		Options: []string{"ro", "nosuid", "nodev", "noexec", "size=4k", "mode=0555"}})
 	if err := guard.Harden(s); err != nil {
 		return nil, err
 	}
@@ -137,7 +141,7 @@ func (c *Container) ociSpec(spec backend.Spec, rootfs string) (*specs.Spec, erro
 	return s, nil
 }
 
-// resolvConf is the file in a sandbox's directory bound on its
+// resolvConf is the sandbox's own platform file (platformDir) bound on its
 // /etc/resolv.conf.
 const resolvConf = "resolv.conf"
 
