@@ -92,6 +92,7 @@ var attacks = []struct {
 	{"FillDisk", testFillDisk},
 	{"EscapeDeletion", testEscapeDeletion},
 	{"OtherSandboxes", testOtherSandboxes},
+	{"ExecRace", testExecRace},
 	{"PortScan", testPortScan},
 	{"Egress", testEgress},
 }

@@ -325,3 +325,45 @@ func testOtherSandboxes(t *testing.T, p *platform) {
 		t.Errorf("the victim's file after the attack: %q", r.Stdout)
 	}
 }
+
+// An agent racing the platform's exec (CVE-2019-5736 against runc: open
+// the entering process's /proc/<pid>/exe for writing, or ptrace it while
+// it still holds the host's privileges) while a verifier runs commands in
+// its sandbox: the launcher is non-dumpable from its first instruction
+// and the trusted shell is a sealed memfd, so nothing of the platform is
+// ever opened for writing or traced.
+func testExecRace(t *testing.T, p *platform) {
+	id := p.sandbox(t)
+	race := make(chan *api.ExecResult, 1)
+	go func() {
+		r, err := p.c.Exec(context.Background(), id, api.ExecRequest{Argv: []string{"/attack", "exerace", "5"},
+			Timeout: api.Duration(testutil.Scale(time.Minute))})
+		if err != nil {
+			t.Errorf("exerace: %v", err)
+		}
+		race <- r
+	}()
+	time.Sleep(200 * time.Millisecond)
+	n := 0
+	for end := time.Now().Add(4 * time.Second); time.Now().Before(end); n++ {
+		req := api.ExecRequest{Argv: []string{"true"}}
+		if n%2 == 1 {
+			req = api.ExecRequest{Cmd: "true"}
+		}
+		if r, err := p.c.Exec(context.Background(), id, req); err != nil || r.ExitCode != 0 {
+			t.Fatalf("exec during the race: %+v, %v", r, err)
+		}
+	}
+	r := <-race
+	if r == nil {
+		return
+	}
+	var seen, scans, platform, breaches int
+	if _, err := fmt.Sscanf(strings.TrimSpace(r.Stdout), "exerace: seen %d, scans %d, platform %d, breaches %d", &seen, &scans, &platform, &breaches); err != nil {
+		t.Fatalf("exerace said %q (%q): %v", r.Stdout, r.Stderr, err)
+	}
+	t.Logf("%d execs; the racer saw %d processes in %d scans, %d of them the platform's", n, seen, scans, platform)
+	if breaches != 0 || seen == 0 {
+		t.Errorf("exerace: %s", r.Stdout)
+	}
+}

@@ -179,6 +179,8 @@ func run(name string, args []string) string {
 			return "handshake failed"
 		}
 		return "ok"
+	case "exerace":
+		return exeRace(args)
 	case "connect":
 		// connect ADDR...: how many of the addresses accepted a TCP
 		// connection within a second each.
@@ -207,4 +209,50 @@ func errno(err error) string {
 		return unix.ErrnoName(e)
 	}
 	return err.Error()
+}
+
+// exeRace watches the sandbox's /proc for new processes for args[0]
+// seconds and goes after each as CVE-2019-5736 did runc: open its
+// /proc/<pid>/exe for writing (the platform's launcher or its trusted
+// shell would be host files), and ptrace it (a launcher half-way into
+// the sandbox holds the host's privileges). A process of the sandbox's
+// own is fair game (its binaries are the agent's); what counts is
+// "platform": a process whose exe the agent may not even read (the
+// launcher is non-dumpable) or that names the platform's shell. It
+// prints "seen N, scans M, platform P, breaches B".
+func exeRace(args []string) string {
+	secs, _ := strconv.Atoi(args[0])
+	me := os.Getpid()
+	done := map[int]bool{}
+	seen, scans, platform, breaches := 0, 0, 0, 0
+	for end := time.Now().Add(time.Duration(secs) * time.Second); time.Now().Before(end); scans++ {
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil || pid == 1 || pid == me || done[pid] {
+				continue
+			}
+			done[pid] = true
+			seen++
+			exe := fmt.Sprintf("/proc/%d/exe", pid)
+			target, err := os.Readlink(exe)
+			ours := errors.Is(err, unix.EACCES) || strings.Contains(target, "warren")
+			if ours {
+				platform++
+			}
+			if f, err := os.OpenFile(exe, os.O_WRONLY, 0); err == nil {
+				f.Close()
+				if ours {
+					breaches++
+				}
+			}
+			if err := unix.PtraceSeize(pid); err == nil {
+				unix.PtraceDetach(pid)
+				if ours {
+					breaches++
+				}
+			}
+		}
+	}
+	return fmt.Sprintf("seen %d, scans %d, platform %d, breaches %d", seen, scans, platform, breaches)
 }
