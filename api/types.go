@@ -418,6 +418,10 @@ type NodeSecurity struct {
 	// LSMs are the Linux security modules warren knows of (landlock,
 	// apparmor): whether the host runs each, whether warren applies it.
 	LSMs []NodeLSM `json:"lsms,omitempty"`
+	// UserNS says whether container sandboxes run in user namespaces of
+	// their own: "per-sandbox" (root inside is an unprivileged range of
+	// host ids no other sandbox shares), or "off: WHY".
+	UserNS string `json:"user_ns,omitempty"`
 }
 
 // NodeLSM is one Linux security module on a node.

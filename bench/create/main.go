@@ -90,6 +90,11 @@ func run(n, conc, rounds int, keep, withTLS bool) error {
 	if err != nil {
 		return err
 	}
+	// Searchable, as warren's data dirs are (a sandbox's root in its
+	// user namespace passes them to reach its root filesystem).
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return err
+	}
 	if !keep {
 		defer os.RemoveAll(dir)
 	}

@@ -63,6 +63,11 @@ func run(n, conc, rounds int, python string) error {
 	if err != nil {
 		return err
 	}
+	// Searchable, as warren's data dirs are (a sandbox's root in its
+	// user namespace passes them to reach its root filesystem).
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return err
+	}
 	defer os.RemoveAll(dir)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

@@ -152,6 +152,7 @@ struct request {
 	uint64_t ncgroups;
 	int cgroups[16]; // cgroup.procs descriptors
 	uint64_t landlock_handled, landlock_allowed; // 0: no Landlock
+	uint64_t userns; // the sandbox has a user namespace of its own to join
 };
 
 static void read_request(struct request *q) {
@@ -209,6 +210,7 @@ static void read_request(struct request *q) {
 		q->cgroups[i] = get_u64(&r);
 	q->landlock_handled = get_u64(&r);
 	q->landlock_allowed = get_u64(&r);
+	q->userns = get_u64(&r);
 	if (!q->argv[0] || !q->argv[0][0] || r.left)
 		bad_request();
 }
@@ -388,7 +390,16 @@ static void child(struct request *q) {
 
 // ---- the parent ---------------------------------------------------------------
 
-int main(void) {
+int main(int argc, char **argv) {
+	if (argc == 2 && !strcmp(argv[1], "hold")) {
+		// The holder of a new user namespace the agent idmaps mounts
+		// with (internal/backend/container/userns.go): lives until its
+		// stdin closes.
+		char c;
+		while (read(0, &c, 1) > 0) {
+		}
+		return 0;
+	}
 	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 	prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
 	if (getppid() == 1)
@@ -398,6 +409,8 @@ int main(void) {
 	read_request(&q);
 
 	int ns = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP;
+	if (q.userns)
+		ns |= CLONE_NEWUSER;
 	if (setns(PIDFD, ns) < 0)
 		status("error setns", errno);
 

@@ -121,5 +121,11 @@ func securitySummary(s *api.NodeSecurity) string {
 		}
 		parts = append(parts, l.Name+":"+state)
 	}
+	switch {
+	case s.UserNS == "per-sandbox":
+		parts = append(parts, "userns:per-sandbox")
+	case s.UserNS != "":
+		parts = append(parts, "userns:off")
+	}
 	return strings.Join(parts, ",")
 }

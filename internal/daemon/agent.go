@@ -145,7 +145,10 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	if err != nil {
 		return err
 	}
-	nodeDir := filepath.Join(dir, "node")
+	nodeDir, err := makeNodeDir(dir)
+	if err != nil {
+		return err
+	}
 	cache := image.NewCache(filepath.Join(nodeDir, "cache"), blobs)
 	mounts := image.NewMounts(filepath.Join(nodeDir, "layers"))
 	var b backend.Backend

@@ -100,7 +100,10 @@ func Up(ctx context.Context, cfg UpConfig) error {
 	if err != nil {
 		return err
 	}
-	nodeDir := filepath.Join(dir, "node")
+	nodeDir, err := makeNodeDir(dir)
+	if err != nil {
+		return err
+	}
 	mounts := image.NewMounts(filepath.Join(nodeDir, "layers"))
 	ctr, err := container.New(container.Config{
 		StateDir:     filepath.Join(nodeDir, "container"),
@@ -199,4 +202,22 @@ func randomHex(n int) string {
 		panic(err)
 	}
 	return hex.EncodeToString(b)
+}
+
+// makeNodeDir makes the node's directory in the data directory dir, both
+// searchable but not listable by others (0711): a container sandbox's root,
+// an unprivileged host id in its user namespace, must pass them to reach
+// its root filesystem below (runc mounts it from inside the namespace).
+// What they hold stays private: files 0600, other directories 0700.
+func makeNodeDir(dir string) (string, error) {
+	nodeDir := filepath.Join(dir, "node")
+	if err := os.MkdirAll(nodeDir, 0o711); err != nil {
+		return "", fmt.Errorf("node dir: %w", err)
+	}
+	for _, d := range []string{dir, nodeDir} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			return "", fmt.Errorf("node dir: %w", err)
+		}
+	}
+	return nodeDir, nil
 }

@@ -9,7 +9,10 @@ import (
 
 // Bind runs f, which mounts something that writes into a directory
 // limited to l (the sandbox's overlayfs), so that those writes are held to
-// the limit.
+// the limit. With fsid >= 0, f also runs with filesystem uid and gid fsid
+// (and every capability it had), which the overlay records as its
+// mounter's: what a sandbox in a user namespace writes through idmapped
+// layers must come from an id the mapping knows.
 //
 // Why: ext4 (any VFS quota) lets a writer with CAP_SYS_RESOURCE pass hard
 // limits, and overlayfs writes to its upper dir with its mounter's
@@ -17,29 +20,39 @@ import (
 // thread whose effective capabilities lack CAP_SYS_RESOURCE, and the
 // overlay records those. btrfs qgroups and xfs project quotas bind root
 // too: there, and for a zero l, f just runs.
-func (q *Quota) Bind(l Limit, f func() error) error {
-	if l.IsZero() || q.mech != Ext4 {
+func (q *Quota) Bind(l Limit, fsid int, f func() error) error {
+	dropResource := !l.IsZero() && q.mech == Ext4
+	if !dropResource && fsid < 0 {
 		return f()
 	}
-	return withoutResourceCap(f)
+	return OnThread(fsid, dropResource, f)
 }
 
-// withoutResourceCap runs f on a fresh OS thread with CAP_SYS_RESOURCE
-// dropped from its effective set. The thread is never handed back to the
+// OnThread runs f on a fresh OS thread with filesystem uid and gid fsid
+// (unless negative) and its effective capabilities raised to its
+// permitted ones (setfsuid away from 0 drops the filesystem ones), minus
+// CAP_SYS_RESOURCE if dropResource. The thread is never handed back to the
 // Go scheduler: it exits with the goroutine.
-func withoutResourceCap(f func() error) error {
+func OnThread(fsid int, dropResource bool, f func() error) error {
 	done := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // no Unlock: the thread dies with us
+		if fsid >= 0 {
+			unix.Setfsuid(fsid)
+			unix.Setfsgid(fsid)
+		}
 		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 		var data [2]unix.CapUserData
 		if err := unix.Capget(&hdr, &data[0]); err != nil {
 			done <- fmt.Errorf("capget: %w", err)
 			return
 		}
-		data[unix.CAP_SYS_RESOURCE/32].Effective &^= 1 << (unix.CAP_SYS_RESOURCE % 32)
+		data[0].Effective, data[1].Effective = data[0].Permitted, data[1].Permitted
+		if dropResource {
+			data[unix.CAP_SYS_RESOURCE/32].Effective &^= 1 << (unix.CAP_SYS_RESOURCE % 32)
+		}
 		if err := unix.Capset(&hdr, &data[0]); err != nil {
-			done <- fmt.Errorf("capset without CAP_SYS_RESOURCE: %w", err)
+			done <- fmt.Errorf("capset: %w", err)
 			return
 		}
 		done <- f()

@@ -230,7 +230,7 @@ func TestProjectQuota(t *testing.T) {
 			// As the overlay writes: without CAP_SYS_RESOURCE, which ext4
 			// lets pass hard limits (Bind).
 			var n int64
-			err = withoutResourceCap(func() error {
+			err = OnThread(-1, true, func() error {
 				var err error
 				n, err = fill(t, filepath.Join(a, "sub", "big"), 64*mib)
 				return err
@@ -244,7 +244,7 @@ func TestProjectQuota(t *testing.T) {
 				t.Fatalf("second limited dir: wrote %d: %v", n, err)
 			}
 			i := 0
-			err = withoutResourceCap(func() error {
+			err = OnThread(-1, true, func() error {
 				for ; i < 1000; i++ {
 					f, err := os.Create(filepath.Join(a, fmt.Sprintf("f%d", i)))
 					if err != nil {
@@ -271,7 +271,7 @@ func TestProjectQuota(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			err = q.Bind(lim, func() error {
+			err = q.Bind(lim, -1, func() error {
 				return unix.Mount("overlay", merged, "overlay", 0,
 					"lowerdir="+lower+",upperdir="+filepath.Join(ov, "upper")+",workdir="+filepath.Join(ov, "work"))
 			})

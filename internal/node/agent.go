@@ -181,7 +181,7 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	if cfg.Network == nil && cfg.NetworkProblem != "" {
 		a.problems = append(a.problems, "network: "+cfg.NetworkProblem)
 	}
-	a.security = nodeSecurity()
+	a.security = nodeSecurity(a.backends)
 	dq, why := nodeDiskQuota(a.backends)
 	a.disk = dq.Mechanism
 	if why != "" {
@@ -389,11 +389,22 @@ func (a *Agent) lookup(id string) (*sandbox, error) {
 var errClosed = errors.New("agent closed")
 
 // nodeSecurity is what the node reports it enforces (package guard's
-// measures, applied by every backend that isolates) and the host's LSMs.
-func nodeSecurity() *api.NodeSecurity {
+// measures, applied by every backend that isolates), the host's LSMs, and
+// whether container sandboxes get user namespaces.
+func nodeSecurity(backends map[string]backend.Backend) *api.NodeSecurity {
 	s := &api.NodeSecurity{Enforced: guard.Enforced()}
 	for _, l := range guard.LSMs() {
 		s.LSMs = append(s.LSMs, api.NodeLSM{Name: l.Name, Active: l.Active, Applied: l.Applied, Note: l.Note})
 	}
+	if u, ok := backends["container"].(userNSer); ok {
+		s.UserNS = "per-sandbox"
+		if err := u.UserNS(); err != nil {
+			s.UserNS = "off: " + err.Error()
+		}
+	}
 	return s
 }
+
+// userNSer is a backend whose sandboxes may run in user namespaces of
+// their own; UserNS says why not when they do not.
+type userNSer interface{ UserNS() error }

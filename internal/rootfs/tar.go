@@ -34,13 +34,18 @@ import (
 // when running as root, the numeric uid and gid; user and group names,
 // xattrs and ACLs are ignored. Directories get their mode and mtime after
 // the last entry, so a read-only directory can still be filled.
-func WriteTar(root, dir string, r io.Reader) error {
+func WriteTar(root, dir string, r io.Reader) error { return WriteTarShifted(root, dir, r, 0) }
+
+// WriteTarShifted is WriteTar for a root whose owners are shifted by
+// shift from the archive's (a sandbox in a user namespace seen from the
+// host): an entry owned by uid u is given uid u+shift.
+func WriteTarShifted(root, dir string, r io.Reader, shift int) error {
 	rt, err := openRoot(root)
 	if err != nil {
 		return err
 	}
 	defer rt.close()
-	x := &extractor{rt: rt, base: clean(dir)}
+	x := &extractor{rt: rt, base: clean(dir), shift: shift}
 	fd, err := rt.mkdirAll(x.base)
 	if err != nil {
 		return err
@@ -56,9 +61,10 @@ func WriteTar(root, dir string, r io.Reader) error {
 }
 
 type extractor struct {
-	rt   *dirRoot
-	base string    // dir, relative to the root
-	dirs []dirMeta // directory entries, finished last
+	shift int // added to owners
+	rt    *dirRoot
+	base  string    // dir, relative to the root
+	dirs  []dirMeta // directory entries, finished last
 }
 
 type dirMeta struct {
@@ -94,7 +100,7 @@ func (x *extractor) entry(h *tar.Header, r io.Reader) error {
 	rel := x.entryPath(h.Name)
 	a := attrs{mode: uint32(h.Mode) & 0o7777, uid: -1, gid: -1, atime: h.AccessTime, mtime: h.ModTime}
 	if canChown() {
-		a.uid, a.gid = h.Uid, h.Gid
+		a.uid, a.gid = h.Uid+x.shift, h.Gid+x.shift
 	}
 	var err error
 	switch h.Typeflag {
@@ -221,23 +227,29 @@ func (x *extractor) finishDirs() error {
 // refuses them. Owners are numeric (no names); entries are sorted by name
 // within a directory. A file that shrinks while being read is padded with
 // zeros, one that grows is cut at its size when first seen.
-func ReadTar(root, path string, w io.Writer) error {
+func ReadTar(root, path string, w io.Writer) error { return ReadTarShifted(root, path, w, 0) }
+
+// ReadTarShifted is ReadTar for a root whose owners are shifted by shift
+// (a sandbox in a user namespace seen from the host): a file of uid u is
+// stored as u-shift, or as 65534 (nobody) if that is not one of the 65536
+// ids the shift maps.
+func ReadTarShifted(root, path string, w io.Writer, shift int) error {
 	rt, err := openRoot(root)
 	if err != nil {
 		return err
 	}
 	defer rt.close()
-	return rt.readTar(clean(path), w)
+	return rt.readTar(clean(path), w, shift)
 }
 
-func (r *dirRoot) readTar(rel string, w io.Writer) error {
+func (r *dirRoot) readTar(rel string, w io.Writer, shift int) error {
 	fd, st, err := r.stat(rel)
 	if err != nil {
 		return err
 	}
 	defer unix.Close(fd)
 	tw := tar.NewWriter(w)
-	wk := walker{tw: tw, links: map[fileID]string{}}
+	wk := walker{tw: tw, links: map[fileID]string{}, shift: shift}
 	if err := wk.add(fd, st, path.Base(rel), display(rel)); err != nil {
 		return err
 	}
@@ -250,6 +262,7 @@ func (r *dirRoot) readTar(rel string, w io.Writer) error {
 type fileID struct{ dev, ino uint64 }
 
 type walker struct {
+	shift int // taken from owners
 	tw    *tar.Writer
 	links map[fileID]string // first tar name of each multiply-linked file
 }
@@ -260,8 +273,8 @@ func (wk *walker) add(fd int, st *unix.Stat_t, name, spath string) error {
 	h := &tar.Header{
 		Name:    name,
 		Mode:    int64(perm(st)),
-		Uid:     int(st.Uid),
-		Gid:     int(st.Gid),
+		Uid:     wk.unshift(st.Uid),
+		Gid:     wk.unshift(st.Gid),
 		ModTime: time.Unix(st.Mtim.Unix()),
 	}
 	var err error
@@ -365,4 +378,15 @@ type zeros struct{}
 func (zeros) Read(p []byte) (int, error) {
 	clear(p)
 	return len(p), nil
+}
+
+// unshift maps a host id to the archive's (see ReadTarShifted).
+func (wk *walker) unshift(id uint32) int {
+	if wk.shift == 0 {
+		return int(id)
+	}
+	if u := int(id) - wk.shift; u >= 0 && u < 65536 {
+		return u
+	}
+	return 65534
 }

@@ -185,3 +185,22 @@ func exists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
 }
+
+// Searchable makes dir and every directory above it searchable by other
+// users (o+x), as a sandbox's root in a user namespace needs of the
+// directories above a container backend's state directory: t.TempDir's
+// are 0700.
+func Searchable(t testing.TB, dir string) {
+	t.Helper()
+	for d := dir; d != "/" && d != "."; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			if err := os.Chmod(d, fi.Mode().Perm()|0o001); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -56,6 +57,7 @@ func TestHostile(t *testing.T) {
 	up := uptest.New(t, "--no-fn", "--dns-upstream", dns.Addr, "--network-name", name,
 		"--network-pool", fmt.Sprintf("10.213.%d.0/24", 120+int(b[0])%100))
 	up.DataDir = filepath.Join(mnt, "warren")
+	testutil.Searchable(t, mnt)
 	up.Start()
 	t.Cleanup(up.CleanupSandboxes)
 	p := &platform{up: up, c: client.New("http://"+up.Addr, up.Token()), inet: inet, dns: dns}
@@ -216,5 +218,20 @@ func testCapabilities(t *testing.T, p *platform) {
 				t.Errorf("%s has CAP_%s", k, name)
 			}
 		}
+	}
+	// And the capabilities it has hold in its own user namespace only:
+	// root inside is an unprivileged host id, the host's root nobody.
+	nodes, err := p.c.ListNodes(context.Background())
+	if err != nil || len(nodes) != 1 || nodes[0].Security == nil || nodes[0].Security.UserNS != "per-sandbox" {
+		t.Fatalf("node security: %+v, %v; want user namespaces per sandbox", nodes, err)
+	}
+	t.Logf("node security: %+v", *nodes[0].Security)
+	r := p.sh(t, id, "cat /proc/self/uid_map; stat -c %u /dev/init; chmod 777 /dev/init 2>&1 || echo refused")
+	f := strings.Fields(r.Stdout)
+	if len(f) < 5 || f[0] != "0" || f[2] != "65536" || f[3] != "65534" || f[len(f)-1] != "refused" {
+		t.Fatalf("user namespace: %q %q", r.Stdout, r.Stderr)
+	}
+	if host, _ := strconv.Atoi(f[1]); host < 1<<24 {
+		t.Errorf("root inside is host uid %d, among the host's own ids", host)
 	}
 }

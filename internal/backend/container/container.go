@@ -79,6 +79,11 @@ type Config struct {
 	// the platform's own: never the sandbox's /bin/sh. Default
 	// bash-static (Debian's) from PATH, else /bin/bash-static.
 	ShellPath string
+	// NoUserNS runs sandboxes without user namespaces: root inside is
+	// the host's root with a reduced capability set. By default each
+	// sandbox gets a user namespace of its own where the kernel can idmap
+	// the mounts it needs (userns.go).
+	NoUserNS bool
 	// ExecOutputGrace is how long Exec waits, after the command's main
 	// process exited, for the processes it left in the background to let
 	// go of its stdout and stderr before it kills those that did not.
@@ -98,6 +103,9 @@ type Container struct {
 	shell      trustedShell     // for ExecRequest.Shell
 	initErr    error            // why the init binary is missing, if it is
 	landlock   [2]uint64        // handled and allowed rights, guard.LandlockRules
+	ids        idAllocator      // user-namespace id ranges (userns.go)
+	usernsMu   sync.Mutex
+	usernsErr  error // why sandboxes get no user namespace here, if they do not
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
@@ -178,6 +186,20 @@ func New(cfg Config) (*Container, error) {
 	c.quota = diskquota.Detect(c.sandboxDir)
 	c.shell = loadTrustedShell(cfg.ShellPath)
 	c.landlock[0], c.landlock[1], _ = guard.LandlockRules()
+	c.ids.used = make(map[int]string)
+	if cfg.NoUserNS {
+		c.usernsErr = errors.New("turned off (NoUserNS)")
+	} else if err := c.usernsProbe(); err != nil {
+		c.usernsErr = err
+	}
+	// Ranges of sandboxes from before a restart stay theirs.
+	if entries, err := os.ReadDir(c.sandboxDir); err == nil {
+		for _, e := range entries {
+			if r, ok, err := readIDs(c.dir(e.Name())); err == nil && ok {
+				c.ids.mark(e.Name(), r)
+			}
+		}
+	}
 	return c, nil
 }
 
@@ -248,6 +270,8 @@ type sandbox struct {
 	init   initProc          // the container's pid 1
 	cg     execCgroup        // where exec sub-cgroups go
 	cgPath map[string]string // the sandbox's cgroup in each hierarchy, as runc records them
+
+	ids *idRange // its user namespace's ids; nil: none (the host's)
 
 	filterMu sync.Mutex
 	filters  [][]byte // the init's seccomp filters (initFilters), read on first exec

@@ -1,6 +1,7 @@
 package container
 
 import (
+	"archive/tar"
 	"bufio"
 	"bytes"
 	"context"
@@ -15,6 +16,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
@@ -38,6 +41,7 @@ func newHarness(t *testing.T) *harness {
 	testutil.RequireContainers(t)
 	h := &harness{t: t, layer: imagetest.BusyboxLayer(t)}
 	h.cfg = Config{StateDir: t.TempDir(), CgroupParent: "/warren-test/" + randomHex(4)}
+	testutil.Searchable(t, h.cfg.StateDir)
 	h.c = h.newContainer()
 	t.Cleanup(h.cleanup)
 	return h
@@ -605,6 +609,93 @@ func TestExecEntry(t *testing.T) {
 	h.sh("ent-1", "mkdir -m 700 /private")
 	if _, err := h.c.Exec(context.Background(), "ent-1", backend.ExecRequest{Argv: []string{"true"}, User: "nobody", Cwd: "/private"}); !errors.Is(err, errdefs.ErrInvalid) {
 		t.Errorf("cwd the user may not enter: got %v, want ErrInvalid", err)
+	}
+}
+
+// TestUserNS checks each sandbox's user namespace: an unprivileged host
+// range of its own, files of the host's root nobody's inside, the upper
+// layer on disk in the sandbox's own ids (nothing chowned), and the
+// platform's file calls and execs speaking the sandbox's ids.
+func TestUserNS(t *testing.T) {
+	h := newHarness(t)
+	if err := h.c.UserNS(); err != nil {
+		testutil.Unavailable(t, "no user namespaces: %v", err)
+	}
+	h.start(h.spec("uns-1"))
+	h.start(h.spec("uns-2"))
+	ctx := context.Background()
+
+	var bases []uint64
+	for _, id := range []string{"uns-1", "uns-2"} {
+		f := strings.Fields(h.sh(id, "cat /proc/self/uid_map"))
+		if len(f) != 3 || f[0] != "0" || f[2] != "65536" {
+			t.Fatalf("%s: uid_map %q", id, f)
+		}
+		b, _ := strconv.ParseUint(f[1], 10, 32)
+		if b < idBase {
+			t.Errorf("%s: root is host uid %d, inside the host's own ids", id, b)
+		}
+		bases = append(bases, b)
+	}
+	if bases[0] == bases[1] {
+		t.Errorf("two sandboxes share host ids %d", bases[0])
+	}
+	base := bases[0]
+	// The host's root owns /dev/init: nobody inside, and root inside
+	// cannot change it.
+	if got := h.sh("uns-1", "stat -c %u /dev/init; chmod 777 /dev/init 2>/dev/null || echo refused"); got != "65534\nrefused" {
+		t.Errorf("/dev/init inside: %q", got)
+	}
+	// What root inside writes is root's inside, its own ids on disk, and
+	// the sandbox's root's host id through the merged root.
+	h.sh("uns-1", "echo x > /tmp/f; chown 1000:1000 /tmp/f; touch /tmp/g")
+	for name, want := range map[string]uint32{"f": 1000, "g": 0} {
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(h.c.writableDir("uns-1"), "upper", "tmp", name), &st); err != nil || st.Uid != want {
+			t.Errorf("upper/tmp/%s on disk: uid %d, %v; want %d", name, st.Uid, err, want)
+		}
+		if err := unix.Stat(filepath.Join(h.c.rootDir("uns-1"), "tmp", name), &st); err != nil || uint64(st.Uid) != base+uint64(want) {
+			t.Errorf("rootfs/tmp/%s from the host: uid %d, %v; want %d", name, st.Uid, err, base+uint64(want))
+		}
+	}
+	// File calls: a written file is root's inside; a tar's owners arrive
+	// and leave as the sandbox's ids.
+	if err := h.c.WriteFile(ctx, "uns-1", "/tmp/w", 0o644, strings.NewReader("w")); err != nil {
+		t.Fatal(err)
+	}
+	var tb bytes.Buffer
+	tw := tar.NewWriter(&tb)
+	tw.WriteHeader(&tar.Header{Name: "owned", Mode: 0o644, Size: 1, Uid: 1000, Gid: 1000, Typeflag: tar.TypeReg})
+	tw.Write([]byte("o"))
+	tw.Close()
+	if err := h.c.WriteTar(ctx, "uns-1", "/tmp", &tb); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.sh("uns-1", "stat -c %u:%g /tmp/w /tmp/owned"); got != "0:0\n1000:1000" {
+		t.Errorf("owners inside of files the platform wrote: %q", got)
+	}
+	var out bytes.Buffer
+	if err := h.c.ReadTar(ctx, "uns-1", "/tmp/owned", &out); err != nil {
+		t.Fatal(err)
+	}
+	if hdr, err := tar.NewReader(&out).Next(); err != nil || hdr.Uid != 1000 {
+		t.Errorf("tar out: %+v, %v; want uid 1000", hdr, err)
+	}
+	if got := h.exec("uns-1", backend.ExecRequest{Argv: []string{"id", "-u"}, User: "nobody"}).stdout; got != "65534\n" {
+		t.Errorf("exec -u nobody: %q", got)
+	}
+	// After an agent restart the sandbox keeps its range.
+	c2 := h.newContainer()
+	if _, err := c2.Recover(ctx, h.spec("uns-1")); err != nil {
+		t.Fatal(err)
+	}
+	var o bytes.Buffer
+	if _, err := c2.Exec(ctx, "uns-1", backend.ExecRequest{Argv: []string{"cat", "/proc/self/uid_map"}, Stdout: &o, Timeout: 30 * time.Second}); err != nil ||
+		!strings.Contains(o.String(), strconv.FormatUint(base, 10)) {
+		t.Errorf("exec after a restart: %q, %v", o.String(), err)
+	}
+	if r, err := c2.ids.alloc("uns-3"); err != nil || uint64(r.base) == base {
+		t.Errorf("a new sandbox after a restart got range %d (%v), the recovered one's", r.base, err)
 	}
 }
 

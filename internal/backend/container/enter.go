@@ -43,6 +43,7 @@ type enterRequest struct {
 	cgroupFds                 []int
 	landlockHandled           uint64 // 0: no Landlock
 	landlockAllowed           uint64
+	userns                    bool // join the init's user namespace too
 }
 
 type rlimit struct{ resource, soft, hard uint64 }
@@ -90,6 +91,11 @@ func (r *enterRequest) encode() []byte {
 	}
 	u(r.landlockHandled)
 	u(r.landlockAllowed)
+	if r.userns {
+		u(1)
+	} else {
+		u(0)
+	}
 	return b
 }
 

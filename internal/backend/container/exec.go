@@ -78,7 +78,7 @@ func (c *Container) Exec(ctx context.Context, id string, req backend.ExecRequest
 		return backend.ExecResult{}, fmt.Errorf("exec in %s: %w", id, err)
 	}
 	e := &enterRequest{uid: uid, gid: gid, cwd: execCwd(s.spec, req), argv: argv,
-		env: execEnv(s.spec.Env, req.Env, uid), execFd: execFd, filters: filters}
+		env: execEnv(s.spec.Env, req.Env, uid), execFd: execFd, filters: filters, userns: s.ids != nil}
 	e.landlockHandled, e.landlockAllowed = c.landlock[0], c.landlock[1]
 	if e.capEff, e.capPerm, e.capBound, err = capMasks(uid); err != nil {
 		return backend.ExecResult{}, fmt.Errorf("exec in %s: %w", id, err)

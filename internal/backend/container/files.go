@@ -5,6 +5,7 @@ import (
 	"io"
 
 	"github.com/warrenhq/warren/internal/backend"
+	"github.com/warrenhq/warren/internal/diskquota"
 	"github.com/warrenhq/warren/internal/rootfs"
 )
 
@@ -23,10 +24,22 @@ func (c *Container) Stat(ctx context.Context, id, path string) (backend.FileInfo
 
 // WriteFile creates or replaces a regular file inside the sandbox.
 func (c *Container) WriteFile(ctx context.Context, id, path string, mode uint32, r io.Reader) error {
-	if _, err := c.get(id); err != nil {
+	s, err := c.get(id)
+	if err != nil {
 		return err
 	}
-	return rootfs.WriteFile(c.rootDir(id), path, mode, r)
+	return asSandboxRoot(s, func() error { return rootfs.WriteFile(c.rootDir(id), path, mode, r) })
+}
+
+// asSandboxRoot runs f, which writes into the sandbox's root from the
+// host, as the sandbox's root where it has a user namespace: through its
+// idmapped layers the host's root is no id at all (EOVERFLOW), and what
+// it creates must belong to the sandbox's root, not the host's.
+func asSandboxRoot(s *sandbox, f func() error) error {
+	if s.ids == nil {
+		return f()
+	}
+	return diskquota.OnThread(s.fsid(), false, f)
 }
 
 // ReadFile streams a regular file of the sandbox to w.
@@ -39,16 +52,18 @@ func (c *Container) ReadFile(ctx context.Context, id, path string, w io.Writer) 
 
 // WriteTar extracts a tar stream under dir inside the sandbox.
 func (c *Container) WriteTar(ctx context.Context, id, dir string, r io.Reader) error {
-	if _, err := c.get(id); err != nil {
+	s, err := c.get(id)
+	if err != nil {
 		return err
 	}
-	return rootfs.WriteTar(c.rootDir(id), dir, r)
+	return asSandboxRoot(s, func() error { return rootfs.WriteTarShifted(c.rootDir(id), dir, r, s.idShift()) })
 }
 
 // ReadTar writes path inside the sandbox to w as a tar stream.
 func (c *Container) ReadTar(ctx context.Context, id, path string, w io.Writer) error {
-	if _, err := c.get(id); err != nil {
+	s, err := c.get(id)
+	if err != nil {
 		return err
 	}
-	return rootfs.ReadTar(c.rootDir(id), path, w)
+	return rootfs.ReadTarShifted(c.rootDir(id), path, w, s.idShift())
 }

@@ -89,6 +89,16 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 		s.layers = append(s.layers, l.Digest)
 		lower[len(lower)-1-i] = mp // overlayfs wants the top layer first
 	}
+	if c.UserNS() == nil {
+		undo = append(undo, func() error { return c.unmountIdmaps(id) })
+		if lower, upper, work, err = c.setupUserNS(s, lower, rw); err != nil {
+			return fmt.Errorf("create sandbox %s: %w", id, err)
+		}
+		if s.ids != nil {
+			r := *s.ids
+			undo = append(undo, func() error { c.ids.free(r); return nil })
+		}
+	}
 	// The platform's files (platformDir): the node's under every layer,
 	// the sandbox's own (its resolv.conf) above them.
 	lower = append(lower, c.platformDir())
@@ -104,13 +114,14 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 	}
 
 	// Bind: on ext4 the overlay must not write as root with CAP_SYS_RESOURCE,
-	// or it would pass the disk limit (disk.go).
-	if err := c.quota.Bind(diskLimit(spec.Resources), func() error { return mountOverlay(lower, upper, work, root) }); err != nil {
+	// or it would pass the disk limit (disk.go); in a user namespace it
+	// writes as the sandbox's root.
+	if err := c.quota.Bind(diskLimit(spec.Resources), s.fsid(), func() error { return mountOverlay(lower, upper, work, root) }); err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	undo = append(undo, func() error { return unmountAll(root) })
 
-	oci, err := c.ociSpec(spec, root)
+	oci, err := c.ociSpec(spec, root, s.ids)
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
@@ -393,8 +404,13 @@ func (c *Container) Destroy(ctx context.Context, id string) error {
 	root := c.rootDir(id)
 	if err := unmountAll(root); err != nil {
 		errs = append(errs, err)
+	} else if err := c.unmountIdmaps(id); err != nil {
+		errs = append(errs, err)
 	}
 	if s != nil {
+		if s.ids != nil {
+			c.ids.free(*s.ids)
+		}
 		if err := c.releaseLayers(s); err != nil {
 			errs = append(errs, err)
 		}
@@ -552,6 +568,12 @@ func (c *Container) Recover(ctx context.Context, spec backend.Spec) (backend.Sta
 			continue
 		}
 		s.layers = append(s.layers, l.Digest)
+	}
+	if r, ok, err := readIDs(c.dir(id)); err != nil {
+		reasons = append(reasons, err.Error())
+	} else if ok {
+		s.ids = &r
+		c.ids.mark(id, r)
 	}
 	if ok, _ := isMountpoint(c.rootDir(id)); !ok {
 		reasons = append(reasons, "root filesystem is not mounted on the host")

@@ -56,7 +56,7 @@ func hasCap(c int) bool {
 
 // ociSpec is the runtime configuration of a sandbox whose merged root is
 // mounted at rootfs.
-func (c *Container) ociSpec(spec backend.Spec, rootfs string) (*specs.Spec, error) {
+func (c *Container) ociSpec(spec backend.Spec, rootfs string, ids *idRange) (*specs.Spec, error) {
 	res := &specs.LinuxResources{
 		// Deny every device; runc adds back the standard ones it creates
 		// in /dev (null, zero, full, random, urandom, tty, ptmx).
@@ -131,6 +131,11 @@ func (c *Container) ociSpec(spec backend.Spec, rootfs string) (*specs.Spec, erro
 	// root (platformDir); once made, an empty read-only tmpfs hides them.
 	s.Mounts = append(s.Mounts, specs.Mount{Destination: "/" + platformSub, Type: "tmpfs", Source: "tmpfs",
 		Options: []string{"ro", "nosuid", "nodev", "noexec", "size=4k", "mode=0555"}})
+	if ids != nil {
+		m := []specs.LinuxIDMapping{{ContainerID: 0, HostID: ids.base, Size: idSize}}
+		s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
+		s.Linux.UIDMappings, s.Linux.GIDMappings = m, m
+	}
 	if err := guard.Harden(s); err != nil {
 		return nil, err
 	}

@@ -58,7 +58,9 @@ type Up struct {
 // New returns an Up on a fresh binary, data directory and address, not
 // started yet.
 func New(t *testing.T, args ...string) *Up {
-	return &Up{T: t, Bin: Bin(t), DataDir: t.TempDir(), Addr: FreeAddr(t), Args: args}
+	u := &Up{T: t, Bin: Bin(t), DataDir: t.TempDir(), Addr: FreeAddr(t), Args: args}
+	testutil.Searchable(t, u.DataDir)
+	return u
 }
 
 // Start runs `warren up` with u.Args and waits until it answers.
