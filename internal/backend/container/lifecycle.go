@@ -432,13 +432,17 @@ func (c *Container) Destroy(ctx context.Context, id string) error {
 }
 
 // removeDir removes the sandbox's directory, but never while its root is
-// still mounted: that would delete through the overlay.
+// still mounted: that would delete through the overlay; nor through its
+// idmapped clones of layers and of its writable directory.
 func (c *Container) removeDir(id string) error {
 	root := c.rootDir(id)
 	if mounted, err := isMountpoint(root); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	} else if mounted {
 		return fmt.Errorf("%s is still mounted", root)
+	}
+	if err := c.unmountIdmaps(id); err != nil {
+		return err
 	}
 	if err := c.releaseWritable(id); err != nil { // disk.go
 		return err
