@@ -20,6 +20,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
@@ -142,9 +143,21 @@ func run(n, conc, rounds int, keep, withTLS bool) error {
 		return fmt.Errorf("warren's OCI spec: %w", err)
 	}
 	spec.Mounts = slices.DeleteFunc(spec.Mounts, func(m specs.Mount) bool { return m.Destination == "/etc/resolv.conf" })
+	// Its binds of the platform's files come from inside its own root
+	// (warren's platform layer, under the peer's overlay too); its user
+	// namespace needs idmapped layers, which a bare runtime does not make.
+	probeRoot := filepath.Join(dir, "warren", "node", "container", "sandboxes", probe.ID, "rootfs")
+	for i, m := range spec.Mounts {
+		if rel, ok := strings.CutPrefix(m.Source, probeRoot+"/"); ok {
+			spec.Mounts[i].Source = rootfsMarker + rel
+		}
+	}
+	spec.Linux.Namespaces = slices.DeleteFunc(spec.Linux.Namespaces, func(n specs.LinuxNamespace) bool { return n.Type == specs.UserNamespace })
+	spec.Linux.UIDMappings, spec.Linux.GIDMappings = nil, nil
 	if hardened, err = json.Marshal(&spec); err != nil {
 		return err
 	}
+	platform := filepath.Join(dir, "warren", "node", "container", "platform")
 	raw, err := newRawRunc(filepath.Join(dir, "raw"), layer.Path)
 	if err != nil {
 		return err
@@ -158,8 +171,8 @@ func run(n, conc, rounds int, keep, withTLS bool) error {
 		create func(context.Context) (func(), error)
 	}{
 		{"warren", "/warren/" + nodeID, warrenCreate(c)},
-		{"runc", "/wbench-raw", func(ctx context.Context) (func(), error) { return raw.create(ctx, raw.defaultSpec) }},
-		{"runc+hardened", "/wbench-raw", func(ctx context.Context) (func(), error) { return raw.create(ctx, hardened) }},
+		{"runc", "/wbench-raw", func(ctx context.Context) (func(), error) { return raw.create(ctx, raw.defaultSpec, "") }},
+		{"runc+hardened", "/wbench-raw", func(ctx context.Context) (func(), error) { return raw.create(ctx, hardened, platform) }},
 	}
 	if withTLS {
 		ct, err := benchup.InProcess(ctx, filepath.Join(dir, "warren-tls"), true, true)
@@ -385,7 +398,9 @@ func (r *rawRunc) close() {
 	unix.Unmount(r.lower, unix.MNT_DETACH)
 }
 
-func (r *rawRunc) create(ctx context.Context, spec []byte) (func(), error) {
+// create runs a container of spec over the layer, with extraLower (if
+// any) under it.
+func (r *rawRunc) create(ctx context.Context, spec []byte, extraLower string) (func(), error) {
 	r.mu.Lock()
 	r.seq++
 	id := fmt.Sprintf("wbench-raw-%d-%d", os.Getpid(), r.seq)
@@ -397,11 +412,15 @@ func (r *rawRunc) create(ctx context.Context, spec []byte) (func(), error) {
 			return nil, err
 		}
 	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", r.lower, filepath.Join(b, "upper"), filepath.Join(b, "work"))
+	lower := r.lower
+	if extraLower != "" {
+		lower += ":" + extraLower
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, filepath.Join(b, "upper"), filepath.Join(b, "work"))
 	if err := unix.Mount("overlay", rootfs, "overlay", 0, opts); err != nil {
 		return nil, fmt.Errorf("mount overlay: %w", err)
 	}
-	if err := writeSpec(b, id, spec); err != nil {
+	if err := writeSpec(b, id, bytes.ReplaceAll(spec, []byte(rootfsMarker), []byte(rootfs+"/"))); err != nil {
 		return nil, err
 	}
 	// The detached container inherits runc's stdio, so a pipe here would
@@ -425,6 +444,9 @@ func (r *rawRunc) create(ctx context.Context, spec []byte) (func(), error) {
 		os.RemoveAll(b)
 	}, nil
 }
+
+// rootfsMarker stands for a container's own root in a spec's bind sources.
+const rootfsMarker = "@ROOTFS@/"
 
 // writeSpec writes template as the bundle's config.json with this
 // container's hostname, cgroup and root. runc's default spec (which runs an
