@@ -211,11 +211,11 @@ func (c *Container) initFilters(s *sandbox) ([][]byte, error) {
 type entered struct {
 	cmd     *exec.Cmd
 	start   time.Time
-	exited  chan struct{} // closed when warren-enter has exited: the main process has
-	waitErr error         // cmd.Wait's, once exited is closed
-	statusR *os.File      // warren-enter's status line
-	stdin   *os.File      // our end of the command's stdin, if it reads one
-	outputs sync.WaitGroup
+	exited  chan struct{}   // closed when warren-enter has exited: the main process has
+	waitErr error           // cmd.Wait's, once exited is closed
+	statusR *os.File        // warren-enter's status line
+	stdin   *os.File        // our end of the command's stdin, if it reads one
+	outputs chan struct{}   // closed once stdout and stderr are both closed by every holder
 	pipes   map[string]bool // "pipe:[inode]" of the command's stdout and stderr
 	readers []*os.File      // our ends of those
 }
@@ -225,7 +225,7 @@ type entered struct {
 func (c *Container) startEnter(s *sandbox, sub string, e *enterRequest, req backend.ExecRequest) (x *entered, err error) {
 	var files []*os.File // ours to close once warren-enter has them
 	defer func() { closeAll(files) }()
-	x = &entered{exited: make(chan struct{}), pipes: make(map[string]bool)}
+	x = &entered{exited: make(chan struct{}), outputs: make(chan struct{}), pipes: make(map[string]bool)}
 	defer func() {
 		if err != nil {
 			x.close()
@@ -285,6 +285,7 @@ func (c *Container) startEnter(s *sandbox, sub string, e *enterRequest, req back
 		files = append(files, r)
 		cmd.Stdin, x.stdin = r, w
 	}
+	var copying sync.WaitGroup
 	for _, o := range []struct {
 		dst io.Writer
 		set *io.Writer
@@ -304,12 +305,13 @@ func (c *Container) startEnter(s *sandbox, sub string, e *enterRequest, req back
 		if dst == nil {
 			dst = io.Discard
 		}
-		x.outputs.Add(1)
+		copying.Add(1)
 		go func() {
-			defer x.outputs.Done()
+			defer copying.Done()
 			io.Copy(dst, r)
 		}()
 	}
+	go func() { copying.Wait(); close(x.outputs) }()
 	x.start = time.Now()
 	if err := cmd.Start(); err != nil {
 		return nil, err
@@ -331,10 +333,8 @@ func (c *Container) startEnter(s *sandbox, sub string, e *enterRequest, req back
 // outputDone waits up to grace for the command's stdout and stderr to be
 // closed by every process that holds them.
 func (x *entered) outputDone(grace time.Duration) bool {
-	done := make(chan struct{})
-	go func() { x.outputs.Wait(); close(done) }()
 	select {
-	case <-done:
+	case <-x.outputs:
 		return true
 	case <-time.After(grace):
 		return false
