@@ -96,7 +96,7 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 		}
 		if s.ids != nil {
 			r := *s.ids
-			undo = append(undo, func() error { c.ids.free(r); return nil })
+			undo = append(undo, func() error { c.ids.free(id, r); return nil })
 		}
 	}
 	// The platform's files (platformDir): the node's under every layer,
@@ -407,10 +407,12 @@ func (c *Container) Destroy(ctx context.Context, id string) error {
 	} else if err := c.unmountIdmaps(id); err != nil {
 		errs = append(errs, err)
 	}
+	if s != nil && s.ids != nil {
+		c.ids.free(id, *s.ids)
+	} else if r, ok, _ := readIDs(c.dir(id)); ok {
+		c.ids.free(id, r) // a sandbox this process never adopted (Sweep)
+	}
 	if s != nil {
-		if s.ids != nil {
-			c.ids.free(*s.ids)
-		}
 		if err := c.releaseLayers(s); err != nil {
 			errs = append(errs, err)
 		}

@@ -81,10 +81,13 @@ func (a *idAllocator) mark(id string, r idRange) {
 	a.used[r.slot()] = id
 }
 
-func (a *idAllocator) free(r idRange) {
+// free gives back sandbox id's range (if it is still id's).
+func (a *idAllocator) free(id string, r idRange) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	delete(a.used, r.slot())
+	if a.used[r.slot()] == id {
+		delete(a.used, r.slot())
+	}
 }
 
 // writeIDs records r in the sandbox's directory ("v1 BASE SIZE"), for
@@ -301,7 +304,7 @@ func (c *Container) setupUserNS(s *sandbox, lower []string, rw string) (_ []stri
 	}
 	defer func() {
 		if s.ids == nil {
-			c.ids.free(r)
+			c.ids.free(id, r)
 		}
 	}()
 	ns, err := c.userNS(r)
