@@ -94,18 +94,19 @@ type Config struct {
 // Container is the container backend. Its methods are safe for concurrent
 // use; lifecycle calls on one sandbox are serialised.
 type Container struct {
-	cfg        Config
-	sandboxDir string // <StateDir>/sandboxes
-	noSwapCtl  bool   // cgroup v1 without swap accounting: cannot set memsw
-	rlimits    []specs.POSIXRlimit
-	runcEnv    []string
-	quota      *diskquota.Quota // limits each sandbox directory (disk.go)
-	shell      trustedShell     // for ExecRequest.Shell
-	initErr    error            // why the init binary is missing, if it is
-	landlock   [2]uint64        // handled and allowed rights, guard.LandlockRules
-	ids        idAllocator      // user-namespace id ranges (userns.go)
-	usernsMu   sync.Mutex
-	usernsErr  error // why sandboxes get no user namespace here, if they do not
+	cfg         Config
+	sandboxDir  string // <StateDir>/sandboxes
+	noSwapCtl   bool   // cgroup v1 without swap accounting: cannot set memsw
+	rlimits     []specs.POSIXRlimit
+	runcEnv     []string
+	quota       *diskquota.Quota // limits each sandbox directory (disk.go)
+	shell       trustedShell     // for ExecRequest.Shell
+	initErr     error            // why the init binary is missing, if it is
+	devTemplate bool             // sandboxes' /dev is the platform layer's template (dev.go)
+	landlock    [2]uint64        // handled and allowed rights, guard.LandlockRules
+	ids         idAllocator      // user-namespace id ranges (userns.go)
+	usernsMu    sync.Mutex
+	usernsErr   error // why sandboxes get no user namespace here, if they do not
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
@@ -179,6 +180,10 @@ func New(cfg Config) (*Container, error) {
 	}
 	if err := c.installInit(); err != nil {
 		return nil, fmt.Errorf("container backend: %w", err)
+	}
+	var err error
+	if c.devTemplate, err = c.makeDevTemplate(); err != nil {
+		return nil, fmt.Errorf("container backend: /dev template: %w", err)
 	}
 	c.noSwapCtl = cgroupV1WithoutSwap()
 	c.rlimits = sandboxRlimits()

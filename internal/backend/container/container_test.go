@@ -566,6 +566,17 @@ func TestExecEntry(t *testing.T) {
 		!strings.Contains(mi, " /.warren/init /dev/init ro,") {
 		t.Errorf("the sandbox's mount table names the state directory %s, or not the platform's init:\n%s", h.c.cfg.StateDir, mi)
 	}
+	// /dev: the node's read-only template where the state directory
+	// holds device nodes, its devices working, the sandbox's own shm.
+	if !h.c.devTemplate {
+		t.Error("no /dev template (the test's state directory holds device nodes)")
+	} else {
+		got := h.sh("ent-1", "echo x > /dev/null && head -c 4 /dev/urandom | wc -c && echo y > /dev/shm/y && cat /dev/shm/y && "+
+			"ls /dev/fd/ >/dev/null && (touch /dev/x 2>/dev/null || echo ro) && grep -c ' /.warren/dev /dev ro,' /proc/self/mountinfo")
+		if got != "4\ny\nro\n1" {
+			t.Errorf("/dev from the template: %q", got)
+		}
+	}
 	// The platform's files are covered, read-only, and stay the node's.
 	if got := h.sh("ent-1", "ls -A /.warren; touch /.warren/x 2>/dev/null || echo ro"); got != "ro" {
 		t.Errorf("/.warren: %q, want empty and read-only", got)

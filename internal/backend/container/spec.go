@@ -100,7 +100,7 @@ func (c *Container) ociSpec(spec backend.Spec, rootfs string, ids *idRange) (*sp
 		Hostname: hostname,
 		Mounts: []specs.Mount{
 			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
-			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			c.devMount(rootfs),
 			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
 			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", fmt.Sprintf("size=%d", shm)}},
 			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
@@ -186,4 +186,14 @@ func execEnv(base, extra []string, uid uint32) []string {
 		}
 	}
 	return env
+}
+
+// devMount is the sandbox's /dev: the node's read-only template (dev.go)
+// where there is one, else a tmpfs runc fills.
+func (c *Container) devMount(rootfs string) specs.Mount {
+	if c.devTemplate {
+		return specs.Mount{Destination: "/dev", Type: "bind", Source: filepath.Join(rootfs, platformSub, "dev"),
+			Options: []string{"bind", "ro", "nosuid", "noexec"}}
+	}
+	return specs.Mount{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}}
 }

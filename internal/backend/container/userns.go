@@ -161,8 +161,10 @@ func (c *Container) newUserNS(r idRange) (*os.File, error) {
 	cmd := exec.Command(c.cfg.EnterPath, "hold")
 	cmd.Env = []string{}
 	m := []syscall.SysProcIDMap{{ContainerID: 0, HostID: int(r.base), Size: idSize}}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWUSER, UidMappings: m, GidMappings: m,
-		Pdeathsig: unix.SIGKILL}
+	// No Pdeathsig: it fires when the forking OS thread exits, which Go
+	// may do at any time; the holder ends when its stdin closes, the
+	// agent's death included.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWUSER, UidMappings: m, GidMappings: m}
 	in, err := cmd.StdinPipe()
 	if err != nil {
 		return nil, err
@@ -174,10 +176,7 @@ func (c *Container) newUserNS(r idRange) (*os.File, error) {
 	// place once Start has returned.
 	ns, err := os.Open("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/ns/user")
 	in.Close()
-	if werr := cmd.Wait(); err == nil && werr != nil {
-		ns.Close()
-		err = werr
-	}
+	cmd.Wait() // once the namespace is open, how the holder ended does not matter
 	if err != nil {
 		return nil, fmt.Errorf("user namespace: %w", err)
 	}
