@@ -87,13 +87,8 @@ func run(n, conc, rounds int, keep, withTLS bool) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("needs root (runc, mounts)")
 	}
-	dir, err := os.MkdirTemp("", "warren-bench-create-")
+	dir, err := benchup.TempDir("warren-bench-create-")
 	if err != nil {
-		return err
-	}
-	// Searchable, as warren's data dirs are (a sandbox's root in its
-	// user namespace passes them to reach its root filesystem).
-	if err := os.Chmod(dir, 0o711); err != nil {
 		return err
 	}
 	if !keep {

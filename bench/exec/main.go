@@ -59,13 +59,8 @@ func run(n, conc, rounds int, python string) error {
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("needs root (runc, nsenter, mounts)")
 	}
-	dir, err := os.MkdirTemp("", "warren-bench-exec-")
+	dir, err := benchup.TempDir("warren-bench-exec-")
 	if err != nil {
-		return err
-	}
-	// Searchable, as warren's data dirs are (a sandbox's root in its
-	// user namespace passes them to reach its root filesystem).
-	if err := os.Chmod(dir, 0o711); err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/bench/internal/benchup"
 	"github.com/warrenhq/warren/internal/daemon"
 )
 
@@ -15,7 +16,7 @@ import (
 // round, and deletes untimed.
 func runCreate(rounds int) error {
 	const n = 30
-	dir, err := os.MkdirTemp("", "bench-network-")
+	dir, err := benchup.TempDir("bench-network-")
 	if err != nil {
 		return err
 	}

@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/bench/internal/benchup"
 	"github.com/warrenhq/warren/internal/netns"
 )
 
@@ -74,7 +75,7 @@ func runPorts(rounds int) error {
 	if os.Geteuid() != 0 {
 		return errors.New("ports: needs root (containers, network namespaces)")
 	}
-	dir, err := os.MkdirTemp("", "warren-bench-network-")
+	dir, err := benchup.TempDir("warren-bench-network-")
 	if err != nil {
 		return err
 	}

@@ -132,3 +132,16 @@ func findHelpers() error {
 	}
 	return os.Setenv("PATH", bin+string(os.PathListSeparator)+os.Getenv("PATH"))
 }
+
+// TempDir makes a temporary directory for a benchmark's warren up,
+// searchable by others (0711) as warren's own data directories are: a
+// sandbox's root, an unprivileged id in its user namespace, passes the
+// directories above its root filesystem (without that, warren runs
+// sandboxes without user namespaces and the figures are not warren's).
+func TempDir(prefix string) (string, error) {
+	dir, err := os.MkdirTemp("", prefix)
+	if err != nil {
+		return "", err
+	}
+	return dir, os.Chmod(dir, 0o711)
+}
