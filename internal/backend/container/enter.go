@@ -99,9 +99,13 @@ func (r *enterRequest) encode() []byte {
 	return b
 }
 
-// memfdOf returns b in a sealed memfd, read by warren-enter with one mmap.
-func memfdOf(name string, b []byte) (*os.File, error) {
-	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+// memfdOf returns b in a memfd (made with flags besides MFD_CLOEXEC): the
+// request, read by warren-enter with one mmap, or the trusted shell.
+func memfdOf(name string, b []byte, flags int) (*os.File, error) {
+	fd, err := unix.MemfdCreate(name, unix.MFD_CLOEXEC|flags)
+	if errors.Is(err, unix.EINVAL) && flags&unix.MFD_EXEC != 0 { // kernels before 6.3
+		fd, err = unix.MemfdCreate(name, unix.MFD_CLOEXEC|flags&^unix.MFD_EXEC)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("memfd: %w", err)
 	}
@@ -300,16 +304,8 @@ func loadTrustedShell(path string) trustedShell {
 	if err != nil {
 		return fail(err)
 	}
-	fd, err := unix.MemfdCreate("warren-sh", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING|unix.MFD_EXEC)
-	if errors.Is(err, unix.EINVAL) { // kernels before 6.3 have no MFD_EXEC
-		fd, err = unix.MemfdCreate("warren-sh", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-	}
+	f, err := memfdOf("warren-sh", b, unix.MFD_ALLOW_SEALING|unix.MFD_EXEC)
 	if err != nil {
-		return fail(err)
-	}
-	f := os.NewFile(uintptr(fd), "warren-sh")
-	if _, err := f.Write(b); err != nil {
-		f.Close()
 		return fail(err)
 	}
 	seals := unix.F_SEAL_SEAL | unix.F_SEAL_SHRINK | unix.F_SEAL_GROW | unix.F_SEAL_WRITE

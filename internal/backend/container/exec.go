@@ -42,7 +42,7 @@ import (
 // or an unknown user, ErrUnavailable for a Shell request on a node without
 // the trusted shell.
 func (c *Container) Exec(ctx context.Context, id string, req backend.ExecRequest) (backend.ExecResult, error) {
-	argv, execFd := req.Argv, -1
+	argv := req.Argv
 	if req.Shell != "" {
 		if len(req.Argv) > 0 {
 			return backend.ExecResult{}, errdefs.Invalid("exec in %s: give argv or a shell command, not both", id)
@@ -78,7 +78,7 @@ func (c *Container) Exec(ctx context.Context, id string, req backend.ExecRequest
 		return backend.ExecResult{}, fmt.Errorf("exec in %s: %w", id, err)
 	}
 	e := &enterRequest{uid: uid, gid: gid, cwd: execCwd(s.spec, req), argv: argv,
-		env: execEnv(s.spec.Env, req.Env, uid), execFd: execFd, filters: filters, userns: s.ids != nil}
+		env: execEnv(s.spec.Env, req.Env, uid), execFd: -1, filters: filters, userns: s.ids != nil}
 	e.landlockHandled, e.landlockAllowed = c.landlock[0], c.landlock[1]
 	if e.capEff, e.capPerm, e.capBound, err = capMasks(uid); err != nil {
 		return backend.ExecResult{}, fmt.Errorf("exec in %s: %w", id, err)
@@ -260,7 +260,7 @@ func (c *Container) startEnter(s *sandbox, sub string, e *enterRequest, req back
 		e.cgroupFds = append(e.cgroupFds, 3+len(extra))
 		extra = append(extra, f)
 	}
-	reqFile, err := memfdOf("warren-exec", e.encode())
+	reqFile, err := memfdOf("warren-exec", e.encode(), 0)
 	if err != nil {
 		return nil, err
 	}

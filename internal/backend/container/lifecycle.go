@@ -190,42 +190,22 @@ func validateSpec(spec backend.Spec) error {
 // those names say nothing of the host's paths (and stay short: the
 // options must fit in a page).
 func mountOverlay(lower []string, upper, work, target string) error {
-	var fds []string
-	open := func(dir string) (string, error) {
-		fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	dirs := append(append([]string(nil), lower...), upper, work)
+	names := make([]string, len(dirs))
+	for i, d := range dirs {
+		fd, err := unix.Open(d, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return "", fmt.Errorf("mount overlay: %w", &os.PathError{Op: "open", Path: dir, Err: err})
+			return fmt.Errorf("mount overlay: %w", &os.PathError{Op: "open", Path: d, Err: err})
 		}
-		p := "/proc/self/fd/" + strconv.Itoa(fd)
-		fds = append(fds, p)
-		return p, nil
+		defer unix.Close(fd)
+		names[i] = "/proc/self/fd/" + strconv.Itoa(fd)
 	}
-	defer func() {
-		for _, p := range fds {
-			fd, _ := strconv.Atoi(strings.TrimPrefix(p, "/proc/self/fd/"))
-			unix.Close(fd)
-		}
-	}()
-	names := make([]string, len(lower))
-	for i, l := range lower {
-		var err error
-		if names[i], err = open(l); err != nil {
-			return err
-		}
-	}
-	u, err := open(upper)
-	if err != nil {
-		return err
-	}
-	w, err := open(work)
-	if err != nil {
-		return err
-	}
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,volatile", strings.Join(names, ":"), u, w)
+	n := len(lower)
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,volatile", strings.Join(names[:n], ":"), names[n], names[n+1])
 	if len(opts) >= os.Getpagesize() {
 		return errdefs.Invalid("overlay options for %d layers exceed a page", len(lower))
 	}
-	err = unix.Mount("overlay", target, "overlay", 0, opts)
+	err := unix.Mount("overlay", target, "overlay", 0, opts)
 	if errors.Is(err, unix.EINVAL) {
 		// Kernels before 5.10 lack "volatile".
 		err = unix.Mount("overlay", target, "overlay", 0, strings.TrimSuffix(opts, ",volatile"))

@@ -183,18 +183,28 @@ func (c *Container) newUserNS(r idRange) (*os.File, error) {
 	return ns, nil
 }
 
-// idmapMount attaches at dst a clone of the mount at src whose ids are
-// shifted by the user namespace ns's mapping.
-func idmapMount(src, dst string, ns *os.File) error {
+// idmappedClone returns a detached clone of the mount at src whose ids
+// are shifted by the user namespace ns's mapping.
+func idmappedClone(src string, ns *os.File) (int, error) {
 	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
-		return fmt.Errorf("idmap %s: open_tree: %w", src, err)
+		return -1, fmt.Errorf("idmap %s: open_tree: %w", src, err)
 	}
-	defer unix.Close(fd)
 	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(ns.Fd())}
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
-		return fmt.Errorf("idmap %s: %w", src, err)
+		unix.Close(fd)
+		return -1, fmt.Errorf("idmap %s: %w", src, err)
 	}
+	return fd, nil
+}
+
+// idmapMount attaches an idmappedClone of src at dst.
+func idmapMount(src, dst string, ns *os.File) error {
+	fd, err := idmappedClone(src, ns)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
 	if err := os.Mkdir(dst, 0o700); err != nil {
 		return fmt.Errorf("idmap %s: %w", src, err)
 	}
@@ -259,25 +269,15 @@ func (c *Container) usernsProbe() error {
 		return err
 	}
 	defer ns.Close()
-	fd, err := unix.OpenTree(unix.AT_FDCWD, c.sandboxDir, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	fd, err := idmappedClone(c.sandboxDir, ns)
 	if err != nil {
-		return fmt.Errorf("open_tree: %w", err)
+		return err
 	}
-	defer unix.Close(fd)
-	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_IDMAP, Userns_fd: uint64(ns.Fd())}
-	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
-		return fmt.Errorf("idmapped mounts of %s: %w", c.sandboxDir, err)
-	}
-	return nil
+	return unix.Close(fd)
 }
 
 // idShift is how far the sandbox's ids are from the host's.
-func (s *sandbox) idShift() int {
-	if s.ids == nil {
-		return 0
-	}
-	return int(s.ids.base)
-}
+func (s *sandbox) idShift() int { return max(s.fsid(), 0) }
 
 // fsid is the host id the sandbox's root writes files as, or -1 for the
 // host's root (no user namespace).
