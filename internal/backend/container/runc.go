@@ -238,29 +238,3 @@ func waitExit(ctx context.Context, pid int, same func() bool) error {
 	}
 	return err
 }
-
-// waitPidFile waits for runc to write the pid file at path, then for that
-// process to exit. runc writes the file once the process runs and reaps it
-// only when it exits, so the pid is the command's until then; if it was
-// reaped and recycled before we look, we miss the exit and the caller falls
-// back on runc's own exit.
-func waitPidFile(ctx context.Context, path string) error {
-	for d := time.Millisecond; ; d = min(2*d, 50*time.Millisecond) {
-		b, err := os.ReadFile(path)
-		if err == nil {
-			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-			if err != nil || pid <= 0 {
-				return fmt.Errorf("pid file %s: %q", path, b)
-			}
-			return waitExit(ctx, pid, nil)
-		}
-		if !errors.Is(err, os.ErrNotExist) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(d):
-		}
-	}
-}
