@@ -22,7 +22,7 @@
 //
 // Steps: join every namespace of the init at once (setns on the pidfd), then
 // fork (a pid namespace applies to children). The child joins the cgroups,
-// sets groups, gid, uid (keeping capabilities), rlimits and the umask,
+// asks for the AppArmor profile (where the host runs AppArmor), sets groups, gid, uid (keeping capabilities), rlimits and the umask,
 // enters the working directory as the user, sets the capability sets and
 // bounding set, no_new_privs, Landlock (the sandbox's root and nothing
 // outside it), loads the seccomp filters and execs. The
@@ -153,6 +153,7 @@ struct request {
 	int cgroups[16]; // cgroup.procs descriptors
 	uint64_t landlock_handled, landlock_allowed; // 0: no Landlock
 	uint64_t userns; // the sandbox has a user namespace of its own to join
+	char *apparmor;  // the AppArmor profile to exec under; "": none
 };
 
 static void read_request(struct request *q) {
@@ -211,6 +212,7 @@ static void read_request(struct request *q) {
 	q->landlock_handled = get_u64(&r);
 	q->landlock_allowed = get_u64(&r);
 	q->userns = get_u64(&r);
+	q->apparmor = get_str(&r);
 	if (!q->argv[0] || !q->argv[0][0] || r.left)
 		bad_request();
 }
@@ -228,8 +230,8 @@ static void fail(int stage, int err) {
 	_exit(127);
 }
 
-enum { S_CGROUP = 1, S_GROUPS, S_GID, S_UID, S_RLIMIT, S_CWD, S_CAPS, S_NNP, S_LANDLOCK, S_SECCOMP, S_EXEC };
-static const char *stages[] = {"", "cgroup", "groups", "gid", "uid", "rlimit", "cwd", "caps", "nnp", "landlock", "seccomp", "exec"};
+enum { S_CGROUP = 1, S_APPARMOR, S_GROUPS, S_GID, S_UID, S_RLIMIT, S_CWD, S_CAPS, S_NNP, S_LANDLOCK, S_SECCOMP, S_EXEC };
+static const char *stages[] = {"", "cgroup", "apparmor", "groups", "gid", "uid", "rlimit", "cwd", "caps", "nnp", "landlock", "seccomp", "exec"};
 
 #define CHECK(call, stage)                                                                         \
 	do {                                                                                       \
@@ -272,6 +274,26 @@ static void landlock(struct request *q) {
 	CHECK(syscall(SYS_landlock_restrict_self, rs, 0), S_LANDLOCK);
 	close(rule.parent_fd);
 	close(rs);
+}
+
+// apparmor asks the kernel to put the next exec under the sandbox's
+// profile (what runc does for the init): written to this thread's own
+// attribute, in the sandbox's procfs, which nothing in the sandbox can
+// mount over (no CAP_SYS_ADMIN, and the profile denies mounts). Kernels
+// before 5.8 have only the shared attr/exec.
+static void apparmor(const char *profile) {
+	int fd = open("/proc/thread-self/attr/apparmor/exec", O_WRONLY | O_CLOEXEC);
+	if (fd < 0 && errno == ENOENT)
+		fd = open("/proc/thread-self/attr/exec", O_WRONLY | O_CLOEXEC);
+	if (fd < 0)
+		fail(S_APPARMOR, errno);
+	char cmd[256];
+	int n = snprintf(cmd, sizeof cmd, "exec %s", profile);
+	if (n >= (int)sizeof cmd)
+		fail(S_APPARMOR, ENAMETOOLONG);
+	if (write(fd, cmd, n) != n)
+		fail(S_APPARMOR, errno);
+	close(fd);
 }
 
 // env_path is the PATH of the command's environment (not ours).
@@ -333,6 +355,8 @@ static void child(struct request *q) {
 	// Join the exec's cgroups before anything runs in the sandbox's name.
 	for (uint64_t i = 0; i < q->ncgroups; i++)
 		CHECK(write(q->cgroups[i], "0", 1), S_CGROUP);
+	if (q->apparmor[0])
+		apparmor(q->apparmor);
 
 	// Rlimits while still root: raising a hard limit needs
 	// CAP_SYS_RESOURCE.

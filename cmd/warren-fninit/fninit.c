@@ -328,7 +328,7 @@ static char *join(const char *a, const char *b) {
 
 // setup is what MAKE carries.
 typedef struct {
-	char *scratch, *hostname, *workdir, *dev;
+	char *scratch, *hostname, *workdir, *dev, *apparmor;
 	uint64_t scratch_bytes, uid, gid, readonly;
 	char **lower;
 	struct sock_filter *filter;
@@ -464,6 +464,26 @@ static void drop_privileges(void) {
 			die("drop capability %d: %s", c, strerror(errno));
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
 		die("no_new_privs: %s", strerror(errno));
+}
+
+// apparmor asks the kernel to put every run under the AppArmor profile
+// (where the host runs AppArmor): set on this process, in the container's
+// fresh /proc, it passes to each forked run and applies at its exec.
+static void apparmor(void) {
+	if (!S.apparmor[0])
+		return;
+	int fd = open("/proc/thread-self/attr/apparmor/exec", O_WRONLY | O_CLOEXEC);
+	if (fd < 0 && errno == ENOENT)
+		fd = open("/proc/thread-self/attr/exec", O_WRONLY | O_CLOEXEC);
+	CHECK(fd, "apparmor");
+	char cmd[256];
+	int n = snprintf(cmd, sizeof cmd, "exec %s", S.apparmor);
+	if (n >= (int)sizeof cmd)
+		errno = ENAMETOOLONG, n = -1;
+	else if (write(fd, cmd, n) != n)
+		n = -1;
+	CHECK(n, "apparmor");
+	close(fd);
 }
 
 // confine loads the seccomp filter, last: it refuses the mounts above.
@@ -893,6 +913,7 @@ static void container(int sock, int *fds, int nfds) {
 	umask(022);
 	build_root();
 	CHECK(sethostname(S.hostname, strlen(S.hostname)), "sethostname");
+	apparmor();
 	confine();
 
 	// SIGCHLD through a signalfd; SIGPIPE never (the socket says EPIPE).
@@ -978,6 +999,7 @@ static int parse_setup(reader *rd) {
 	size_t n;
 	const char *f = get_bytes(rd, &n);
 	S.dev = get_str(rd);
+	S.apparmor = get_str(rd);
 	if (n % sizeof(struct sock_filter) || n / sizeof(struct sock_filter) > BPF_MAXINSNS)
 		rd->bad = 1;
 	S.filter_len = n / sizeof(struct sock_filter);
@@ -995,6 +1017,7 @@ static void free_setup(void) {
 	free(S.hostname);
 	free(S.workdir);
 	free(S.dev);
+	free(S.apparmor);
 	free_strs(S.lower);
 	free(S.filter);
 	memset(&S, 0, sizeof S);

@@ -105,7 +105,7 @@ func memHuman(q api.Quantity) string {
 
 // securitySummary is node ls's SECURITY column: how many of guard's
 // measures the node enforces, and each LSM as applied, unused (the host
-// runs it, warren does not use it yet) or off.
+// runs it, the node could not apply it: its note says why) or off.
 func securitySummary(s *api.NodeSecurity) string {
 	if s == nil {
 		return "-"

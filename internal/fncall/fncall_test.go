@@ -20,6 +20,7 @@ import (
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/fncall/proto"
+	"github.com/warrenhq/warren/internal/guard"
 	"github.com/warrenhq/warren/internal/image"
 	"github.com/warrenhq/warren/internal/image/imagetest"
 	"github.com/warrenhq/warren/internal/testutil"
@@ -303,7 +304,20 @@ mknod /tmp/null c 1 3 2>/dev/null && echo mknod=yes || echo mknod=no
 ls /sys 2>/dev/null | head -1
 grep -E '^(CapBnd|CapEff|NoNewPrivs|Seccomp):' /proc/self/status | tr -s '\t ' ' '
 echo "cgroup=$(cut -d: -f3 /proc/self/cgroup | sort -u | tr '\n' ,)"
+echo "apparmor=$(cat /proc/self/attr/apparmor/current 2>/dev/null)"
+echo 'exec unconfined' 2>/dev/null > /proc/self/attr/apparmor/exec && echo "apparmor-exec=$(cat /proc/self/attr/apparmor/current 2>/dev/null)"
 `)))
+	// Where the host runs AppArmor every run is under warren's profile,
+	// which it cannot change for its next exec; WARREN_TEST_APPARMOR=1
+	// (the cgroup-v2 guest) demands AppArmor.
+	switch {
+	case guard.AppArmorEnabled():
+		if !strings.Contains(c.Stdout, "apparmor="+guard.AppArmorProfile+" (enforce)\n") || strings.Contains(c.Stdout, "apparmor-exec=") {
+			t.Errorf("want the run under %s, unable to leave it:\n%s", guard.AppArmorProfile, c.Stdout)
+		}
+	case os.Getenv("WARREN_TEST_APPARMOR") == "1":
+		t.Error("WARREN_TEST_APPARMOR=1, but this kernel does not run AppArmor")
+	}
 	// Both refuse nobody a write in /etc; only one says the filesystem is
 	// read-only.
 	etc := map[string]string{"read-only": "etc=rofs", "overlay": "etc=writable"}[root]

@@ -16,6 +16,7 @@ import (
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/fncall/proto"
+	"github.com/warrenhq/warren/internal/guard"
 	"github.com/warrenhq/warren/internal/hostbin"
 )
 
@@ -136,6 +137,7 @@ type Service struct {
 	netns    *netnsPool
 	slots    *slots
 	seccomp  []byte // the containers' filter, assembled once
+	apparmor string // the runs' AppArmor profile; "": none (guard.LoadAppArmor)
 	cgroups  *cgroupPool
 
 	launchMu sync.Mutex
@@ -211,6 +213,7 @@ func New(cfg Config) (*Service, error) {
 	s := &Service{cfg: cfg, runtimes: map[string]*runtimeState{}, netns: newNetnsPool(256), seccomp: filter,
 		cgroups: newCgroupPool(cfg.CgroupParent, 256, 64<<20),
 		slots:   newSlots(cfg.MaxRunning, 32*cfg.MaxRunning, cfg.QueueWait), ctx: ctx, cancel: cancel}
+	s.apparmor, _ = guard.LoadAppArmor() // where it fails, node ls says why
 	for _, rt := range cfg.Runtimes {
 		if rt.Name == "" || rt.Env == "" || rt.Source == "" || len(rt.Run) == 0 {
 			cancel()
@@ -402,7 +405,7 @@ func (s *Service) resolve(ctx context.Context, rt Runtime) (boxSpec, api.Image, 
 		setup: proto.Setup{
 			Lower: lower, Scratch: filepath.Join(s.cfg.StateDir, "scratch"), ScratchBytes: s.cfg.ScratchBytes,
 			Hostname: "fn", Workdir: workdir, UID: s.cfg.UID, GID: s.cfg.GID, Seccomp: s.seccomp, Dev: s.devDir(),
-			ReadOnly: readOnly,
+			ReadOnly: readOnly, AppArmor: s.apparmor,
 		},
 	}, img, digests, nil
 }

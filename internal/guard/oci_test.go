@@ -81,7 +81,7 @@ func TestSeccompCopies(t *testing.T) {
 	}
 }
 
-// LSMs reports Landlock as the kernel answers for it.
+// LSMs reports Landlock and AppArmor as the kernel answers for them.
 func TestLSMs(t *testing.T) {
 	got := map[string]LSM{}
 	for _, l := range LSMs() {
@@ -91,7 +91,7 @@ func TestLSMs(t *testing.T) {
 	if ll, ok := got["landlock"]; !ok || ll.Active != (errno == 0) || ll.Applied != (errno == 0 && abi >= 2) {
 		t.Errorf("landlock: %+v, kernel says ABI %d, %v", ll, abi, errno)
 	}
-	if _, ok := got["apparmor"]; !ok {
-		t.Error("no apparmor entry")
+	if aa, ok := got["apparmor"]; !ok || aa.Active != AppArmorEnabled() || aa.Applied && !aa.Active {
+		t.Errorf("apparmor: %+v, enabled %v", aa, AppArmorEnabled())
 	}
 }

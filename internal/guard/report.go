@@ -1,10 +1,6 @@
 package guard
 
-import (
-	"fmt"
-	"os"
-	"strings"
-)
+import "fmt"
 
 // Enforced names what every container and FnCall sandbox gets from this
 // package on any host (see Harden and DeniedIoctls), for `warren node ls`.
@@ -23,17 +19,9 @@ type LSM struct {
 
 // LSMs reports Landlock and AppArmor on this host. Landlock is applied
 // where the kernel has ABI 2 or later (LandlockRules): warren-enter
-// confines every process an exec starts to the sandbox's root. No
-// AppArmor profile is loaded where AppArmor runs. Detection does not
-// need securityfs: Landlock answers its ABI version, AppArmor says
-// whether it is enabled in its module parameters.
+// confines every process an exec starts to the sandbox's root. Where
+// AppArmor runs, its profile (AppArmorProfile) is loaded and applied.
 func LSMs() []LSM {
-	active := map[string]bool{}
-	if b, err := os.ReadFile("/sys/kernel/security/lsm"); err == nil {
-		for _, n := range strings.Split(strings.TrimSpace(string(b)), ",") {
-			active[n] = true
-		}
-	}
 	var out []LSM
 	ll := LSM{Name: "landlock"}
 	switch abi := LandlockABI(); {
@@ -48,10 +36,14 @@ func LSMs() []LSM {
 	}
 	out = append(out, ll)
 	aa := LSM{Name: "apparmor", Note: "not running on this host"}
-	if b, err := os.ReadFile("/sys/module/apparmor/parameters/enabled"); err == nil && strings.TrimSpace(string(b)) == "Y" &&
-		(active["apparmor"] || len(active) == 0) {
+	if AppArmorEnabled() {
 		aa.Active = true
-		aa.Note = "not applied: no warren profile yet"
+		if p, err := LoadAppArmor(); err != nil {
+			aa.Note = "not applied: " + err.Error()
+		} else {
+			aa.Applied = true
+			aa.Note = "profile " + p + " on every sandbox process"
+		}
 	}
 	out = append(out, aa)
 	return out

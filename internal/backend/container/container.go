@@ -104,6 +104,7 @@ type Container struct {
 	initErr     error            // why the init binary is missing, if it is
 	devTemplate bool             // sandboxes' /dev is the platform layer's template (dev.go)
 	landlock    [2]uint64        // handled and allowed rights, guard.LandlockRules
+	apparmor    string           // the AppArmor profile of every sandbox process; "": none
 	ids         idAllocator      // user-namespace id ranges (userns.go)
 	usernsMu    sync.Mutex
 	usernsErr   error // why sandboxes get no user namespace here, if they do not
@@ -191,6 +192,7 @@ func New(cfg Config) (*Container, error) {
 	c.quota = diskquota.Detect(c.sandboxDir)
 	c.shell = loadTrustedShell(cfg.ShellPath)
 	c.landlock[0], c.landlock[1], _ = guard.LandlockRules()
+	c.apparmor, _ = guard.LoadAppArmor() // where it fails, node ls says why
 	c.ids.used = make(map[int]string)
 	if cfg.NoUserNS {
 		c.usernsErr = errors.New("turned off (NoUserNS)")

@@ -43,7 +43,8 @@ type enterRequest struct {
 	cgroupFds                 []int
 	landlockHandled           uint64 // 0: no Landlock
 	landlockAllowed           uint64
-	userns                    bool // join the init's user namespace too
+	userns                    bool   // join the init's user namespace too
+	apparmor                  string // the AppArmor profile to exec under; "": none
 }
 
 type rlimit struct{ resource, soft, hard uint64 }
@@ -96,6 +97,7 @@ func (r *enterRequest) encode() []byte {
 	} else {
 		u(0)
 	}
+	str(r.apparmor)
 	return b
 }
 

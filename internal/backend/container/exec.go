@@ -80,6 +80,7 @@ func (c *Container) Exec(ctx context.Context, id string, req backend.ExecRequest
 	e := &enterRequest{uid: uid, gid: gid, cwd: execCwd(s.spec, req), argv: argv,
 		env: execEnv(s.spec.Env, req.Env, uid), execFd: -1, filters: filters, userns: s.ids != nil}
 	e.landlockHandled, e.landlockAllowed = c.landlock[0], c.landlock[1]
+	e.apparmor = c.apparmor
 	if e.capEff, e.capPerm, e.capBound, err = capMasks(uid); err != nil {
 		return backend.ExecResult{}, fmt.Errorf("exec in %s: %w", id, err)
 	}

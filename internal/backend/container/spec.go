@@ -143,6 +143,7 @@ func (c *Container) ociSpec(spec backend.Spec, rootfs string, ids *idRange) (*sp
 	// CAP_DAC_OVERRIDE it cannot read its execute-only binary, which makes
 	// it non-dumpable (installInit).
 	s.Process.Capabilities = &specs.LinuxCapabilities{}
+	s.Process.ApparmorProfile = c.apparmor
 	return s, nil
 }
 

@@ -97,7 +97,7 @@ func (e *Encoder) Done() ([]byte, error) {
 func Make(s *Setup) ([]byte, error) {
 	var e Encoder
 	e.Frame(TypeMake).Str(s.Scratch).U64(s.ScratchBytes).Str(s.Hostname).Str(s.Workdir).
-		U64(int64(s.UID)).U64(int64(s.GID)).U64(b2i(s.ReadOnly)).Strs(s.Lower).Bytes(s.Seccomp).Str(s.Dev)
+		U64(int64(s.UID)).U64(int64(s.GID)).U64(b2i(s.ReadOnly)).Strs(s.Lower).Bytes(s.Seccomp).Str(s.Dev).Str(s.AppArmor)
 	return e.Done()
 }
 
@@ -281,6 +281,9 @@ type Setup struct {
 	// Dev is a read-only directory of device nodes (and a shm/ mount
 	// point), bound on every container's /dev.
 	Dev string
+	// AppArmor is the profile every run execs under (where the host runs
+	// AppArmor); empty asks for none.
+	AppArmor string
 	// Workdir is created and given to UID:GID (the runs' identity).
 	Workdir string
 	UID     int
