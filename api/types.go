@@ -326,7 +326,10 @@ type Environment struct {
 	User       string            `json:"user,omitempty"`
 	Entrypoint []string          `json:"entrypoint,omitempty"`
 	Size       int64             `json:"size"` // sum of the layers' sizes
-	CreatedAt  time.Time         `json:"created_at"`
+	// Snapshot is the id of the snapshot this environment is, if it is
+	// one (its top layer is then the snapshot's diff).
+	Snapshot  string    `json:"snapshot,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
 }
 
 // EnvironmentList is the body of GET /v1/environments.

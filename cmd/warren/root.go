@@ -113,7 +113,8 @@ func newRootCmd(a *app) *cobra.Command {
 
 	sandbox := &cobra.Command{Use: "sandbox", Aliases: []string{"sandboxes", "sb"}, Short: "Create, list, inspect and remove sandboxes"}
 	groupArgs(sandbox)
-	sandbox.AddCommand(newSandboxCreateCmd(a), newSandboxLsCmd(a), newSandboxGetCmd(a), newSandboxRmCmd(a), newSandboxStatsCmd(a), newSandboxNetworkCmd(a), newSandboxVerifyCmd(a))
+	sandbox.AddCommand(newSandboxCreateCmd(a), newSandboxLsCmd(a), newSandboxGetCmd(a), newSandboxRmCmd(a), newSandboxStatsCmd(a), newSandboxNetworkCmd(a), newSandboxVerifyCmd(a),
+		newSandboxSnapshotCmd(a))
 
 	image := &cobra.Command{Use: "image", Aliases: []string{"images"}, Short: "Inspect images"}
 	groupArgs(image)
@@ -130,6 +131,7 @@ func newRootCmd(a *app) *cobra.Command {
 	root.AddCommand(projectCommands(a)...)
 	root.AddCommand(newFnCmd(a))
 	root.AddCommand(newPortForwardCmd(a)) // portforward.go
+	root.AddCommand(newSnapshotCmd(a))    // snapshot.go
 	return root
 }
 

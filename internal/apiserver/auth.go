@@ -75,16 +75,22 @@ type rule struct {
 // them, any reader read them, but deleting them (and GC) takes a
 // root-scoped builder, since other projects may depend on them.
 var routeRules = map[string]rule{
-	"POST /v1/sandboxes":                {action: iam.ActionSandboxCreate},
-	"POST /v1/sandboxes:batch":          {action: iam.ActionSandboxCreate},
-	"GET /v1/sandboxes":                 {action: iam.ActionRead},
-	"GET /v1/sandboxes/{id}":            {action: iam.ActionRead},
-	"DELETE /v1/sandboxes/{id}":         {action: iam.ActionSandboxDelete},
-	"POST /v1/sandboxes/{id}/exec":      {action: iam.ActionSandboxExec},
-	"GET /v1/sandboxes/{id}/stat":       {action: iam.ActionSandboxFiles},
-	"GET /v1/sandboxes/{id}/files":      {action: iam.ActionSandboxFiles},
-	"PUT /v1/sandboxes/{id}/files":      {action: iam.ActionSandboxFiles},
-	"GET /v1/sandboxes/{id}/stats":      {action: iam.ActionRead},
+	"POST /v1/sandboxes":           {action: iam.ActionSandboxCreate},
+	"POST /v1/sandboxes:batch":     {action: iam.ActionSandboxCreate},
+	"GET /v1/sandboxes":            {action: iam.ActionRead},
+	"GET /v1/sandboxes/{id}":       {action: iam.ActionRead},
+	"DELETE /v1/sandboxes/{id}":    {action: iam.ActionSandboxDelete},
+	"POST /v1/sandboxes/{id}/exec": {action: iam.ActionSandboxExec},
+	"GET /v1/sandboxes/{id}/stat":  {action: iam.ActionSandboxFiles},
+	"GET /v1/sandboxes/{id}/files": {action: iam.ActionSandboxFiles},
+	"PUT /v1/sandboxes/{id}/files": {action: iam.ActionSandboxFiles},
+	"GET /v1/sandboxes/{id}/stats": {action: iam.ActionRead},
+	// A snapshot publishes an environment: a builder's. (The node API's
+	// pack, its node half, is not listed: a root admin's, like any
+	// unlisted verb.)
+	"POST /v1/sandboxes/{id}/snapshot":  {action: iam.ActionEnvironmentWrite},
+	"GET /v1/snapshots":                 {action: iam.ActionRead},
+	"GET /v1/snapshots/{ref...}":        {action: iam.ActionRead},
 	"PATCH /v1/sandboxes/{id}/network":  {action: iam.ActionSandboxNetwork},
 	"GET /v1/images":                    {action: iam.ActionRead},
 	"GET /v1/images/{name...}":          {action: iam.ActionRead, node: true},

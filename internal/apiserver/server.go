@@ -127,6 +127,7 @@ func (s *Server) routes() {
 	s.mux.Handle("GET /v1/images/{name...}", auth(s.getImage))
 	s.mux.Handle("GET /v1/nodes", auth(s.listNodes))
 	s.layerRoutes(auth)
+	s.snapshotRoutes(auth) // snapshots.go
 	s.ociRoutes(auth)
 	s.iamRoutes(auth)
 	s.fnRoutes(auth)

@@ -209,6 +209,38 @@ type Statser interface {
 	Stats(ctx context.Context, id string) (Stats, error)
 }
 
+// Snapshotter captures what a sandbox wrote, for a snapshot or a fork:
+// its writable layer as an overlayfs upper directory (whiteouts as 0/0
+// character devices, opaque directories by the trusted.overlay.opaque
+// xattr), which stacks as one more layer on the sandbox's own layers.
+type Snapshotter interface {
+	// Snapshot holds sandbox id still (frozen) only as long as taking a
+	// copy of its writable layer needs, then lets it run on. Each path
+	// in req.Strip is left out of the copy and hidden (a whiteout) where
+	// a lower layer has it. ErrConflict when the sandbox is not running;
+	// the sandbox keeps running untouched on any error.
+	Snapshot(ctx context.Context, id string, req SnapshotRequest) (*Snapshot, error)
+}
+
+// SnapshotRequest says what a Snapshot leaves out.
+type SnapshotRequest struct {
+	// Strip are absolute paths inside the sandbox, left out of the copy
+	// with everything under them.
+	Strip []string
+}
+
+// Snapshot is a copy of a sandbox's writable layer on the node's disk.
+type Snapshot struct {
+	Upper  string        // the copy: an overlayfs upper directory
+	Freeze time.Duration // how long the sandbox was held still
+	// Method is how the copy was made: "btrfs-snapshot" (one
+	// transaction, blocks shared), "reflink" (files cloned, blocks
+	// shared) or "copy".
+	Method string
+	// Remove deletes the copy; the caller must call it.
+	Remove func() error
+}
+
 // PortDialer reaches TCP ports inside a sandbox from the node, whatever
 // its network policy (none included): DialPort connects to
 // 127.0.0.1:port inside the sandbox's own network (for a container, from

@@ -183,6 +183,7 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 		StateDir:       filepath.Join(nodeDir, "sandboxes"),
 		Backends:       []backend.Backend{b},
 		Layers:         cache,
+		Packer:         cache,
 		Limits:         cfg.Limits,
 		Pool:           cfg.Pool,
 		Labels:         cfg.Labels,

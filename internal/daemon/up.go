@@ -123,6 +123,7 @@ func Up(ctx context.Context, cfg UpConfig) error {
 		Backends:       []backend.Backend{ctr},
 		Images:         imgs.images,
 		Layers:         cache,
+		Packer:         cache,
 		Limits:         cfg.Limits,
 		Defaults:       node.Defaults{Disk: cfg.DefaultDisk},
 		Network:        network,

@@ -278,3 +278,64 @@ func subvolumeUsage(path string) (int64, error) {
 	rfer := *(*uint64)(unsafe.Pointer(&item[8]))
 	return int64(rfer), nil
 }
+
+// btrfsIocSnapCreateV2 is _IOW(0x94, 23, struct btrfs_ioctl_vol_args_v2).
+const btrfsIocSnapCreateV2 = 0x50009417
+
+// btrfsVolArgsV2 is struct btrfs_ioctl_vol_args_v2: the source's fd, then
+// flags and the (unused) qgroup inheritance, then the new name.
+type btrfsVolArgsV2 struct {
+	fd      int64
+	transid uint64
+	flags   uint64
+	unused  [4]uint64
+	name    [4040]byte
+}
+
+// IsSubvolume says whether path is the root of a btrfs subvolume.
+func IsSubvolume(path string) bool {
+	var st unix.Stat_t
+	var fs unix.Statfs_t
+	return unix.Lstat(path, &st) == nil && st.Ino == btrfsFirstFreeObjectID && st.Mode&unix.S_IFMT == unix.S_IFDIR &&
+		unix.Statfs(path, &fs) == nil && fs.Type == unix.BTRFS_SUPER_MAGIC
+}
+
+// Snapshot makes dst a writable snapshot of the btrfs subvolume src: one
+// transaction, whatever src holds, every block shared until written.
+// dst's parent must be on the same filesystem. ErrUnsupported (errors.Is)
+// where src is not a subvolume; Remove (or RemoveTree) deletes dst.
+func Snapshot(src, dst string) error {
+	if !IsSubvolume(src) {
+		return fmt.Errorf("snapshot %s: not a btrfs subvolume: %w", src, errors.ErrUnsupported)
+	}
+	sfd, err := openDir(src)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(sfd)
+	parent, name := filepath.Split(filepath.Clean(dst))
+	pfd, err := openDir(parent)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(pfd)
+	args := &btrfsVolArgsV2{fd: int64(sfd)}
+	if len(name) >= len(args.name) {
+		return fmt.Errorf("snapshot name %q too long", name)
+	}
+	copy(args.name[:], name)
+	if err := ioctl(pfd, btrfsIocSnapCreateV2, unsafe.Pointer(args)); err != nil {
+		return &os.PathError{Op: "snapshot subvolume", Path: dst, Err: err}
+	}
+	return nil
+}
+
+// RemoveTree removes path and everything under it: a btrfs subvolume
+// (a Snapshot) with its qgroup, else a plain tree. A missing path is
+// fine.
+func RemoveTree(path string) error {
+	if IsSubvolume(path) {
+		return removeSubvolume(path)
+	}
+	return os.RemoveAll(path)
+}

@@ -87,7 +87,7 @@ func (r *Registry) CreateEnv(ctx context.Context, req api.CreateEnvironmentReque
 // planEnv validates req and resolves it to an environment.
 func (r *Registry) planEnv(ctx context.Context, req api.CreateEnvironmentRequest) (api.Environment, error) {
 	var env api.Environment
-	var toolkits []api.EnvLayer
+	var toolkits, diffs []api.EnvLayer
 	var base, workspace *api.EnvLayer
 	if req.From != "" {
 		from, err := r.GetEnv(ctx, req.From)
@@ -100,6 +100,9 @@ func (r *Registry) planEnv(ctx context.Context, req api.CreateEnvironmentRequest
 				base = &l
 			case api.LayerWorkspace:
 				workspace = &l
+			case api.LayerDiff:
+				// A snapshot's: stays on top of what it was taken on.
+				diffs = append(diffs, l)
 			default:
 				toolkits = append(toolkits, l)
 			}
@@ -182,6 +185,7 @@ func (r *Registry) planEnv(ctx context.Context, req api.CreateEnvironmentRequest
 		env.Layers = append(env.Layers, *workspace)
 	}
 	env.Layers = append(env.Layers, toolkits...)
+	env.Layers = append(env.Layers, diffs...)
 	if len(env.Layers) > maxLayers {
 		return env, errdefs.Invalid("environment %s: %d layers, at most %d", env.Ref, len(env.Layers), maxLayers)
 	}

@@ -24,6 +24,7 @@ type BuildOption func(*buildConfig)
 type buildConfig struct {
 	timestamp *time.Time
 	allRoot   bool
+	sparse    bool
 }
 
 // WithTimestamp gives every file in the image the modification time t,
@@ -39,6 +40,15 @@ func WithTimestamp(t time.Time) BuildOption {
 // an unprivileged user assembled.
 func WithAllRoot() BuildOption {
 	return func(c *buildConfig) { c.allRoot = true }
+}
+
+// WithSparse keeps holes in files as holes: file data is laid out in
+// 4 KiB chunks, and a chunk that is all hole takes no space in the image
+// (a chunk index entry). Without it a sparse file is stored at its full
+// size. For trees a sandbox wrote: `truncate -s 1T` costs nothing there,
+// and must not cost a terabyte here.
+func WithSparse() BuildOption {
+	return func(c *buildConfig) { c.sparse = true }
 }
 
 // BuildEROFS builds an uncompressed EROFS image of srcDir at outFile with
@@ -89,6 +99,9 @@ func BuildEROFS(ctx context.Context, srcDir, outFile string, opts ...BuildOption
 	}
 	if cfg.allRoot {
 		args = append(args, "--all-root")
+	}
+	if cfg.sparse {
+		args = append(args, "--chunksize=4096")
 	}
 
 	tmp, err := os.CreateTemp(filepath.Dir(outFile), "."+filepath.Base(outFile)+".tmp-*")

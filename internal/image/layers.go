@@ -189,7 +189,7 @@ func (r *Registry) PublishLayer(ctx context.Context, spec LayerSpec, file string
 				"layer %s: parent %s was deleted or replaced during the build", spec.ref(), spec.Parent)
 		}
 	}
-	if err := r.uploadChunks(ctx, file, m); err != nil {
+	if _, err := uploadChunks(ctx, r.bs, file, m); err != nil {
 		return api.Layer{}, fmt.Errorf("layer %s: %w", spec.ref(), err)
 	}
 	if _, err := blob.PutExpected(ctx, r.bs, digest, bytes.NewReader(mb)); err != nil {
@@ -223,11 +223,12 @@ func (r *Registry) PublishLayer(ctx context.Context, spec LayerSpec, file string
 }
 
 // uploadChunks writes the chunks of m that the blob store lacks, a few at
-// a time, each verified against its digest on the way.
-func (r *Registry) uploadChunks(ctx context.Context, file string, m Manifest) error {
+// a time, each verified against its digest on the way, and says how many
+// it wrote and their bytes.
+func uploadChunks(ctx context.Context, bs blob.Store, file string, m Manifest) (PackStats, error) {
 	f, err := os.Open(file)
 	if err != nil {
-		return err
+		return PackStats{}, err
 	}
 	defer f.Close()
 	type job struct {
@@ -241,6 +242,7 @@ func (r *Registry) uploadChunks(ctx context.Context, file string, m Manifest) er
 		wg       sync.WaitGroup
 		mu       sync.Mutex
 		firstErr error
+		st       = PackStats{Chunks: len(m.Chunks)}
 	)
 	for range uploadParallel {
 		wg.Add(1)
@@ -248,14 +250,17 @@ func (r *Registry) uploadChunks(ctx context.Context, file string, m Manifest) er
 			defer wg.Done()
 			for j := range jobs {
 				sr := io.NewSectionReader(f, j.off, j.c.Size)
-				if _, err := blob.PutExpected(ctx, r.bs, j.c.Digest, sr); err != nil {
-					mu.Lock()
-					if firstErr == nil {
-						firstErr = fmt.Errorf("chunk at %d: %w", j.off, err)
-					}
-					mu.Unlock()
+				wrote, err := putMissing(ctx, bs, j.c.Digest, sr)
+				mu.Lock()
+				if err != nil && firstErr == nil {
+					firstErr = fmt.Errorf("chunk at %d: %w", j.off, err)
 					cancel()
 				}
+				if wrote {
+					st.Uploaded++
+					st.UploadedBytes += j.c.Size
+				}
+				mu.Unlock()
 			}
 		}()
 	}
@@ -276,9 +281,57 @@ feed:
 	close(jobs)
 	wg.Wait()
 	if firstErr != nil {
-		return firstErr
+		return st, firstErr
 	}
-	return ctx.Err()
+	return st, ctx.Err()
+}
+
+// putMissing is blob.PutExpected that says whether it wrote the blob.
+func putMissing(ctx context.Context, bs blob.Store, digest string, r io.Reader) (bool, error) {
+	if _, err := bs.Stat(ctx, digest); err == nil {
+		return false, nil
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		return false, err
+	}
+	_, err := blob.PutExpected(ctx, bs, digest, r)
+	return err == nil, err
+}
+
+// PackStats says what Pack (and a publish) stored.
+type PackStats struct {
+	Chunks        int   // in the layer's manifest
+	Uploaded      int   // written: the blob store lacked them
+	UploadedBytes int64 // their bytes
+}
+
+// Pack stores the EROFS image at file in the blob store as a layer of kind
+// on top of parent (a manifest digest; "" for none): the chunks the store
+// lacks, then the manifest, whose digest it returns. It makes nothing
+// visible and pins nothing: a node packs what it built (a snapshot of a
+// sandbox) and the control plane then registers it (RegisterLayer), which
+// checks that every blob is still there. Until then the blobs are as young
+// as the GC grace period protects.
+func Pack(ctx context.Context, bs blob.Store, file, kind, parent string) (Manifest, string, PackStats, error) {
+	m, err := planManifest(ctx, file, kind, parent)
+	if err != nil {
+		return Manifest{}, "", PackStats{}, err
+	}
+	mb, digest, err := m.Encode()
+	if err != nil {
+		return Manifest{}, "", PackStats{}, err
+	}
+	st, err := uploadChunks(ctx, bs, file, m)
+	if err != nil {
+		return Manifest{}, "", st, err
+	}
+	wrote, err := putMissing(ctx, bs, digest, bytes.NewReader(mb))
+	if err != nil {
+		return Manifest{}, "", st, fmt.Errorf("manifest: %w", err)
+	}
+	if wrote {
+		st.UploadedBytes += int64(len(mb))
+	}
+	return m, digest, st, nil
 }
 
 // GetLayer returns a layer by ref ("name@version", or "name" for its

@@ -89,6 +89,9 @@ type Config struct {
 	// network_unavailable, saying NetworkProblem.
 	Network        Network
 	NetworkProblem string
+	// Packer stores snapshots' diff layers (snapshot.go); nil: this node
+	// refuses snapshots.
+	Packer Packer
 	// SpoolDir holds buffered exec output past its in-memory threshold,
 	// unlinked while open (default: "spool" next to StateDir).
 	SpoolDir string

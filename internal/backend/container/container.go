@@ -222,6 +222,7 @@ func (c *Container) Capabilities() backend.Capabilities {
 		Isolated: true,
 		Limits:   true,
 		Recover:  true,
+		Snapshot: true,
 	}
 }
 
@@ -282,6 +283,8 @@ type sandbox struct {
 
 	filterMu sync.Mutex
 	filters  [][]byte // the init's seccomp filters (initFilters), read on first exec
+
+	freezeMu sync.Mutex // one Snapshot at a time: each freezes and thaws the cgroup
 
 	stopSignal atomic.Int32 // last signal Stop or Destroy sent to init
 }

@@ -112,7 +112,7 @@ func (b *Backend) Name() string { return b.opts.Name }
 
 // Capabilities: exec, files and recovery; no isolation, hostname or limits.
 func (b *Backend) Capabilities() backend.Capabilities {
-	return backend.Capabilities{Exec: true, Files: true, Recover: true}
+	return backend.Capabilities{Exec: true, Files: true, Recover: true, Snapshot: true}
 }
 
 // Available returns Options.Unavailable, or ErrUnavailable if there is no

@@ -65,6 +65,7 @@ type Agent interface {
 	WriteTar(ctx context.Context, id, dir string, r io.Reader) error
 	ReadTar(ctx context.Context, id, path string, w io.Writer) error
 	Stats(ctx context.Context, id string) (api.SandboxStats, error)
+	Pack(ctx context.Context, id string, req api.PackRequest) (api.PackResult, error)
 	UpdateNetwork(ctx context.Context, id string, u api.NetworkUpdate) (api.SandboxNetwork, error)
 	// Ports and DialPort reach a sandbox's ports (ports.go).
 	Ports(id string) (dial node.PortDial, done func(error) error, err error)
@@ -150,6 +151,9 @@ func (s *Server) routes() {
 	s.mux.Handle("GET /v1/sandboxes/{id}/files", h(s.readFiles))
 	s.mux.Handle("PUT /v1/sandboxes/{id}/files", h(s.writeFiles))
 	s.mux.Handle("GET /v1/sandboxes/{id}/stats", h(s.stats))
+	// The node's half of POST /v1/sandboxes/{id}/snapshot, which the
+	// apiserver serves itself (its records are the control plane's).
+	s.mux.Handle("POST /v1/sandboxes/{id}/pack", h(s.pack))
 	s.mux.Handle("PATCH /v1/sandboxes/{id}/network", h(s.network))
 	s.portRoutes() // ports.go
 	s.mux.Handle("/", h(func(w http.ResponseWriter, r *http.Request) error {
@@ -418,6 +422,18 @@ func (s *Server) network(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	return httperr.WriteJSON(w, http.StatusOK, n)
+}
+
+func (s *Server) pack(w http.ResponseWriter, r *http.Request) error {
+	var req api.PackRequest
+	if err := httperr.DecodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	res, err := s.agent.Pack(r.Context(), r.PathValue("id"), req)
+	if err != nil {
+		return err
+	}
+	return httperr.WriteJSON(w, http.StatusOK, res)
 }
 
 func (s *Server) stats(w http.ResponseWriter, r *http.Request) error {

@@ -1,0 +1,138 @@
+package api
+
+import (
+	"fmt"
+	"time"
+)
+
+// SnapshotRequest is the body of POST /v1/sandboxes/{id}/snapshot: what
+// the sandbox has written becomes a diff layer on top of its own layers,
+// and the stack an environment, Name@Version, that any node can create
+// sandboxes from (`--image name@version`). The sandbox runs on.
+type SnapshotRequest struct {
+	// Name of the environment (and of its diff layer). Empty: the
+	// snapshot's id, for a snapshot nobody will ask for by name.
+	Name string `json:"name,omitempty"`
+	// Version; empty: the next integer version of Name.
+	Version string `json:"version,omitempty"`
+	// Strip are absolute paths inside the sandbox to leave out, with
+	// everything under them, even where a lower layer has them (shell
+	// histories, caches, answers a builder must not ship). A path that
+	// passes through a symlink is refused: name where it points.
+	Strip []string `json:"strip,omitempty"`
+	// Labels are recorded on the snapshot (a trajectory's step, say).
+	Labels map[string]string `json:"labels,omitempty"`
+}
+
+// MaxStripPaths bounds SnapshotRequest.Strip.
+const MaxStripPaths = 256
+
+// Snapshot is a sandbox's state at one instant, kept as an environment
+// whose top layer is the diff (GET /v1/snapshots/{id}).
+type Snapshot struct {
+	ID string `json:"id"` // "snap-<16 hex>"
+	// Ref is the environment it is: "name@version".
+	Ref     string `json:"ref"`
+	Name    string `json:"name"`
+	Version string `json:"version"`
+	// Source is the sandbox it was taken from, SourceImage what that
+	// sandbox was created from, Parent the snapshot that image is, if it
+	// is one (the lineage).
+	Source      string `json:"source"`
+	SourceImage string `json:"source_image,omitempty"`
+	Parent      string `json:"parent,omitempty"`
+	Project     string `json:"project"`
+	// Layer is the diff: what the sandbox wrote.
+	Layer  EnvLayer          `json:"layer"`
+	Labels map[string]string `json:"labels,omitempty"`
+	// Kind is "filesystem": files only, processes start afresh.
+	Kind string `json:"kind"`
+	// Stats of the taking.
+	Stats     SnapshotStats `json:"stats"`
+	CreatedBy string        `json:"created_by,omitempty"` // the token that took it
+	CreatedAt time.Time     `json:"created_at"`
+}
+
+// SnapshotKindFilesystem is the only Snapshot.Kind yet.
+const SnapshotKindFilesystem = "filesystem"
+
+// SnapshotStats say what taking a snapshot cost.
+type SnapshotStats struct {
+	// FreezeMS is how long the sandbox was held still (milliseconds);
+	// Method how its writes were copied meanwhile ("btrfs-snapshot",
+	// "reflink" or "copy").
+	FreezeMS float64 `json:"freeze_ms"`
+	Method   string  `json:"method"`
+	// PackMS is building the diff layer and storing it; TotalMS the
+	// whole call as the node saw it.
+	PackMS  float64 `json:"pack_ms"`
+	TotalMS float64 `json:"total_ms"`
+	// Files and Bytes are what the sandbox wrote (entries, data bytes);
+	// Chunks the diff layer's, of which Uploaded (UploadedBytes) were
+	// new to the blob store.
+	Files         int   `json:"files"`
+	Bytes         int64 `json:"bytes"`
+	Chunks        int   `json:"chunks"`
+	Uploaded      int   `json:"uploaded"`
+	UploadedBytes int64 `json:"uploaded_bytes"`
+}
+
+// SnapshotList is the body of GET /v1/snapshots.
+type SnapshotList struct {
+	Snapshots []Snapshot `json:"snapshots"`
+}
+
+// Error codes of snapshots.
+const (
+	CodeSnapshotNotFound  = "snapshot_not_found"  // 404
+	CodeSnapshotTooSparse = "snapshot_too_sparse" // 400: over MaxSnapshotHoles
+)
+
+// MaxSnapshotHoles bounds the holes in the files a snapshot takes (their
+// sizes less their data): layers keep holes as holes, but building one
+// reads through them (erofs-utils 1.5 hashes every zero), ~4 s per GiB
+// here, so a sandbox could otherwise make its snapshots cost hours with
+// one truncate.
+const MaxSnapshotHoles = 1 << 30
+
+// PackRequest is the body of the node API's POST
+// /v1/sandboxes/{id}/pack, the node's half of a snapshot: copy what the
+// sandbox wrote (held still only for the copy), build it into a diff
+// layer on top of the sandbox's layers, store it in the blob store and
+// the node's layer cache. It registers nothing: the apiserver does.
+type PackRequest struct {
+	Strip []string `json:"strip,omitempty"`
+}
+
+// PackResult is the node's answer to a PackRequest.
+type PackResult struct {
+	// Digest of the diff layer's manifest (in the blob store), its
+	// image's digest and size, on top of Parent (the sandbox's top
+	// layer); Layers are the sandbox's layers, bottom first.
+	Digest      string        `json:"digest"`
+	ImageDigest string        `json:"image_digest"`
+	Size        int64         `json:"size"`
+	Parent      string        `json:"parent"`
+	Layers      []string      `json:"layers"`
+	Stats       SnapshotStats `json:"stats"`
+}
+
+// CheckSnapshot checks a snapshot request's sizes: name, version, strip
+// paths and labels.
+func CheckSnapshot(req *SnapshotRequest) error {
+	if err := checkLen("name", req.Name, MaxRefLen); err != nil {
+		return err
+	}
+	if err := checkLen("version", req.Version, MaxRefLen); err != nil {
+		return err
+	}
+	if len(req.Strip) > MaxStripPaths {
+		return tooMany("strip", len(req.Strip), MaxStripPaths)
+	}
+	for i, p := range req.Strip {
+		if err := checkLen(fmt.Sprintf("strip[%d]", i), p, MaxPathLen); err != nil {
+			return err
+		}
+	}
+	return CheckLabels("labels", req.Labels, MaxLabels)
+}

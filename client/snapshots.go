@@ -1,0 +1,54 @@
+package client
+
+import (
+	"context"
+	"net/http"
+	"net/url"
+
+	"github.com/warrenhq/warren/api"
+)
+
+// Snapshot takes a snapshot of a running sandbox (POST
+// /v1/sandboxes/{id}/snapshot): what it wrote becomes an environment,
+// req.Name@req.Version, that sandboxes anywhere can be created from. The
+// sandbox runs on; it is held still only while its writes are copied
+// (the result's Stats.FreezeMS).
+func (c *Client) Snapshot(ctx context.Context, id string, req api.SnapshotRequest) (*api.Snapshot, error) {
+	p, err := sandboxPath(id, "/snapshot")
+	if err != nil {
+		return nil, err
+	}
+	var snap api.Snapshot
+	if err := c.doJSON(ctx, http.MethodPost, p, nil, req, &snap); err != nil {
+		return nil, err
+	}
+	return &snap, nil
+}
+
+// ListSnapshots lists the snapshots in the caller's scope, oldest first;
+// source, if set, keeps only those taken of that sandbox.
+func (c *Client) ListSnapshots(ctx context.Context, source string) ([]api.Snapshot, error) {
+	var q url.Values
+	if source != "" {
+		q = url.Values{"source": {source}}
+	}
+	var list api.SnapshotList
+	if err := c.doJSON(ctx, http.MethodGet, "/v1/snapshots", q, nil, &list); err != nil {
+		return nil, err
+	}
+	return list.Snapshots, nil
+}
+
+// GetSnapshot returns a snapshot by id or by its environment's
+// "name@version".
+func (c *Client) GetSnapshot(ctx context.Context, ref string) (*api.Snapshot, error) {
+	p, err := refPath("/v1/snapshots/", ref)
+	if err != nil {
+		return nil, err
+	}
+	var snap api.Snapshot
+	if err := c.doJSON(ctx, http.MethodGet, p, nil, nil, &snap); err != nil {
+		return nil, err
+	}
+	return &snap, nil
+}

@@ -1,0 +1,97 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/warrenhq/warren/api"
+)
+
+// newSandboxSnapshotCmd is `warren sandbox snapshot SBX`.
+func newSandboxSnapshotCmd(a *app) *cobra.Command {
+	var req api.SnapshotRequest
+	var labels []string
+	c := showCmd(a, &cobra.Command{
+		Use:   "snapshot SBX [--name NAME] [--version V] [--strip PATH]... [--label K=V]...",
+		Short: "Turn what a running sandbox wrote into an environment (it runs on)",
+		Long: `Snapshot a running sandbox: what it wrote becomes a diff layer on top of
+its own layers, and the stack an environment NAME@V that sandboxes on any
+node can be created from (warren sandbox create --image NAME@V). The
+sandbox is held still only while its writes are copied (freeze), then runs
+on. --strip leaves a path out, with everything under it, even where a lower
+layer has it (caches, shell histories, answers).`,
+		Args: exactArgs(1, "one sandbox id"),
+	}, "text", func(cmd *cobra.Command, args []string) (*api.Snapshot, error) {
+		var err error
+		if req.Labels, err = parseKVs("label", labels, a.getenv, false); err != nil {
+			return nil, err
+		}
+		return a.client().Snapshot(cmd.Context(), args[0], req)
+	}, printSnapshot)
+	f := c.Flags()
+	f.StringVar(&req.Name, "name", "", "environment name (default: the snapshot's id)")
+	f.StringVar(&req.Version, "version", "", "environment version (default: the next integer version)")
+	f.StringArrayVar(&req.Strip, "strip", nil, "absolute path to leave out (repeatable)")
+	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE on the snapshot (repeatable)")
+	return c
+}
+
+// snapshotCommands are `warren snapshot ls|get`.
+func newSnapshotCmd(a *app) *cobra.Command {
+	snap := &cobra.Command{Use: "snapshot", Aliases: []string{"snapshots", "snap"}, Short: "List and show sandbox snapshots"}
+	snap.AddCommand(newSnapshotLsCmd(a), newSnapshotGetCmd(a))
+	return snap
+}
+
+func newSnapshotLsCmd(a *app) *cobra.Command {
+	var source string
+	c := showCmd(a, &cobra.Command{
+		Use:     "ls [--source SBX]",
+		Aliases: []string{"list"},
+		Short:   "List snapshots, oldest first",
+		Args:    exactArgs(0, "no arguments"),
+	}, "table", func(cmd *cobra.Command, args []string) (api.SnapshotList, error) {
+		list, err := a.client().ListSnapshots(cmd.Context(), source)
+		return api.SnapshotList{Snapshots: nonNil(list)}, err
+	}, func(w io.Writer, list api.SnapshotList) error {
+		now := time.Now()
+		tw := newTable(w, "ID", "ENVIRONMENT", "SOURCE", "DIFF", "FREEZE", "CREATED")
+		for _, s := range list.Snapshots {
+			row(tw, s.ID, s.Ref, s.Source, fmtBytes(s.Layer.Size), fmt.Sprintf("%.1fms", s.Stats.FreezeMS), age(s.CreatedAt, now))
+		}
+		return tw.Flush()
+	})
+	c.Flags().StringVar(&source, "source", "", "only the snapshots of this sandbox")
+	return c
+}
+
+func newSnapshotGetCmd(a *app) *cobra.Command {
+	return showCmd(a, &cobra.Command{
+		Use:     "get SNAP",
+		Aliases: []string{"inspect"},
+		Short:   "Show one snapshot (by id or NAME@VERSION)",
+		Args:    exactArgs(1, "one snapshot id or NAME@VERSION"),
+	}, "text", func(cmd *cobra.Command, args []string) (*api.Snapshot, error) {
+		return a.client().GetSnapshot(cmd.Context(), args[0])
+	}, printSnapshot)
+}
+
+func printSnapshot(w io.Writer, s *api.Snapshot) error {
+	st := s.Stats
+	tw := newTable(w, "Snapshot:", s.ID)
+	row(tw, "Environment:", s.Ref)
+	row(tw, "Source:", fmt.Sprintf("%s (from %s)", s.Source, orDash(s.SourceImage)))
+	if s.Parent != "" {
+		row(tw, "Parent:", s.Parent)
+	}
+	row(tw, "Diff layer:", fmt.Sprintf("%s (%s, %s)", s.Layer.Ref, fmtBytes(s.Layer.Size), s.Layer.Digest))
+	row(tw, "Written:", fmt.Sprintf("%d files, %s", st.Files, fmtBytes(st.Bytes)))
+	row(tw, "Freeze:", fmt.Sprintf("%.1fms (%s)", st.FreezeMS, st.Method))
+	row(tw, "Pack:", fmt.Sprintf("%.1fms, %d of %d chunks new (%s)", st.PackMS, st.Uploaded, st.Chunks, fmtBytes(st.UploadedBytes)))
+	row(tw, "Labels:", kvList(s.Labels, ", "))
+	row(tw, "Created:", stamp(s.CreatedAt, time.Now()))
+	return tw.Flush()
+}

@@ -1,0 +1,185 @@
+package apiserver
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"net/url"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/httperr"
+	"github.com/warrenhq/warren/internal/iam"
+	"github.com/warrenhq/warren/internal/image"
+)
+
+// Snapshotter is what the snapshot routes need of the layer store;
+// *image.Registry does.
+type Snapshotter interface {
+	RegisterSnapshot(ctx context.Context, spec image.SnapshotSpec) (api.Snapshot, error)
+	GetSnapshot(ctx context.Context, ref string) (api.Snapshot, error)
+	ListSnapshots(ctx context.Context) ([]api.Snapshot, error)
+}
+
+// snapshotRoutes registers the snapshot of a sandbox (served here, not
+// forwarded: its records are the control plane's) and /v1/snapshots.
+func (s *Server) snapshotRoutes(auth func(handler) http.Handler) {
+	s.mux.Handle("POST /v1/sandboxes/{id}/snapshot", auth(s.changesImages(s.snapshotSandbox)))
+	s.mux.Handle("GET /v1/snapshots", auth(s.listSnapshots))
+	s.mux.Handle("GET /v1/snapshots/{ref...}", auth(s.getSnapshot))
+}
+
+func (s *Server) snapshotter() (Snapshotter, error) {
+	sn, ok := s.cfg.Layers.(Snapshotter)
+	if !ok {
+		return nil, errdefs.Unavailable("this server keeps no snapshots")
+	}
+	return sn, nil
+}
+
+// snapshotSandbox takes a snapshot: the sandbox's node packs what it
+// wrote into a diff layer in the blob store (the node API's pack), then
+// the layer, its environment and the snapshot record are registered. The
+// sandbox runs on throughout; a failure anywhere leaves it untouched and
+// registers nothing (the packed blobs, unreferenced, go at the next GC).
+func (s *Server) snapshotSandbox(w http.ResponseWriter, r *http.Request) error {
+	sn, err := s.snapshotter()
+	if err != nil {
+		return err
+	}
+	var req api.SnapshotRequest
+	if err := decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	if err := api.CheckSnapshot(&req); err != nil {
+		return errdefs.Request(err)
+	}
+	if req.Name != "" {
+		if err := image.ValidateName(req.Name); err != nil {
+			return err
+		}
+	}
+	if req.Version != "" {
+		if err := image.ValidateVersion(req.Version); err != nil {
+			return err
+		}
+	}
+	id, n, err := s.sandboxNode(r)
+	if err != nil {
+		return err
+	}
+	if req.Name != "" && req.Version != "" {
+		// Taken already: say so before the node packs anything.
+		ref := req.Name + "@" + req.Version
+		if _, err := s.cfg.Layers.GetEnv(r.Context(), ref); err == nil {
+			return errdefs.New(errdefs.ErrConflict, api.CodeEnvExists, "environment %s already exists", ref)
+		}
+	}
+	src, err := n.Get(r.Context(), id)
+	if err != nil {
+		return err
+	}
+	var pack api.PackResult
+	if err := callNode(r.Context(), n, id, "pack", api.PackRequest{Strip: req.Strip}, &pack); err != nil {
+		return err
+	}
+	p := principal(r.Context())
+	snap, err := sn.RegisterSnapshot(r.Context(), image.SnapshotSpec{Name: req.Name, Version: req.Version, Labels: req.Labels,
+		Source: src, Pack: pack, CreatedBy: p.TokenID})
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusCreated, snap)
+}
+
+func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
+	sn, err := s.snapshotter()
+	if err != nil {
+		return err
+	}
+	scope, err := listScope(r)
+	if err != nil {
+		return err
+	}
+	all, err := sn.ListSnapshots(r.Context())
+	if err != nil {
+		return err
+	}
+	source := r.URL.Query().Get("source")
+	out := api.SnapshotList{Snapshots: []api.Snapshot{}}
+	for _, snap := range all {
+		if iam.InScope(scope, snap.Project) && (source == "" || snap.Source == source) {
+			out.Snapshots = append(out.Snapshots, snap)
+		}
+	}
+	return writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) error {
+	sn, err := s.snapshotter()
+	if err != nil {
+		return err
+	}
+	ref := r.PathValue("ref")
+	snap, err := sn.GetSnapshot(r.Context(), ref)
+	if err != nil {
+		return err
+	}
+	if p := principal(r.Context()); !iam.InScope(p.Project, snap.Project) {
+		return errdefs.New(errdefs.ErrNotFound, api.CodeSnapshotNotFound, "snapshot %s not found", ref)
+	}
+	return writeJSON(w, http.StatusOK, snap)
+}
+
+// callNode makes one JSON call on sandbox id at its node, POST
+// /v1/sandboxes/{id}/{verb}, by the path every call on a sandbox takes
+// (Node.Forward), and decodes the answer into out: for the verbs the
+// apiserver serves itself on top of a node's (a snapshot over a pack).
+func callNode(ctx context.Context, n Node, id, verb string, in, out any) error {
+	body, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "/v1/sandboxes/"+url.PathEscape(id)+"/"+verb, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	rec := &recorder{header: http.Header{}}
+	if err := n.Forward(rec, req, id); err != nil {
+		return err
+	}
+	if rec.status == 0 {
+		rec.status = http.StatusOK
+	}
+	if rec.status/100 != 2 {
+		return httperr.Read(&http.Response{StatusCode: rec.status, Header: rec.header, Body: io.NopCloser(&rec.body)})
+	}
+	if err := json.Unmarshal(rec.body.Bytes(), out); err != nil {
+		return errors.Join(errdefs.Unavailable("node answered %s of %s with what is not JSON", verb, id), err)
+	}
+	return nil
+}
+
+// recorder is an http.ResponseWriter that keeps the answer (small JSON).
+type recorder struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+func (r *recorder) WriteHeader(status int) {
+	if r.status == 0 {
+		r.status = status
+	}
+}
+func (r *recorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return r.body.Write(b)
+}

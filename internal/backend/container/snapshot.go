@@ -1,0 +1,94 @@
+package container
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/warrenhq/warren/internal/backend"
+	"github.com/warrenhq/warren/internal/diskquota"
+	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/rootfs"
+)
+
+var _ backend.Snapshotter = (*Container)(nil)
+
+// Snapshot copies sandbox id's writable layer (its overlay upper
+// directory) while its cgroup is frozen, so the copy is one instant of
+// the sandbox, as after a power cut: no process of it runs, and every
+// write a process made before is in the upper directory, whether or not
+// it reached the disk. The freeze lasts only as long as the copy:
+//
+//   - btrfs (a sandbox with a disk limit has a subvolume of its own): a
+//     snapshot of the subvolume, one transaction whatever it holds;
+//   - elsewhere: a copy of the tree, files cloned where the filesystem
+//     shares blocks (xfs with reflink), else copied extent by extent.
+//
+// Then the sandbox runs on, and the paths to strip are taken out of the
+// copy (rootfs.Strip). The copy is in the sandbox's directory, so it is on
+// the same filesystem and goes with the sandbox if the caller never
+// removes it.
+func (c *Container) Snapshot(ctx context.Context, id string, req backend.SnapshotRequest) (*backend.Snapshot, error) {
+	strip := make([]string, len(req.Strip))
+	for i, p := range req.Strip {
+		var err error
+		if strip[i], err = rootfs.CleanStripPath(p); err != nil {
+			return nil, err
+		}
+	}
+	s, err := c.get(id)
+	if err != nil {
+		return nil, err
+	}
+	if !s.init.alive() || c.created(id) {
+		return nil, errdefs.New(errdefs.ErrConflict, "sandbox_not_running", "snapshot of %s: sandbox is not running", id)
+	}
+	// One freeze at a time: a second snapshot would thaw the first's.
+	s.freezeMu.Lock()
+	defer s.freezeMu.Unlock()
+
+	dir := filepath.Join(c.dir(id), "snapshot-"+randomHex(8))
+	rw := c.writableDir(id)
+	snap := &backend.Snapshot{Remove: func() error { return diskquota.RemoveTree(dir) }}
+	start := time.Now()
+	if err := s.cg.base.Freeze(ctx); err != nil {
+		return nil, fmt.Errorf("snapshot of %s: %w", id, err)
+	}
+	if err = diskquota.Snapshot(rw, dir); err == nil {
+		snap.Upper, snap.Method = filepath.Join(dir, "upper"), "btrfs-snapshot"
+	} else if errors.Is(err, errors.ErrUnsupported) {
+		var st rootfs.CopyStats
+		st, err = rootfs.CopyTree(filepath.Join(rw, "upper"), dir)
+		snap.Upper, snap.Method = dir, "copy"
+		if st.Reflink {
+			snap.Method = "reflink"
+		}
+	}
+	// Thawed whatever happened: the sandbox runs on.
+	if terr := s.cg.base.Thaw(context.WithoutCancel(ctx)); terr != nil {
+		err = errors.Join(err, terr)
+	}
+	snap.Freeze = time.Since(start)
+	if err != nil {
+		return nil, errors.Join(fmt.Errorf("snapshot of %s: %w", id, err), snap.Remove())
+	}
+
+	if len(strip) > 0 {
+		lowers := make([]string, 0, len(s.spec.Layers))
+		for i := len(s.spec.Layers) - 1; i >= 0; i-- { // top first
+			mp, err := c.cfg.Mounts.Path(s.spec.Layers[i].Digest)
+			if err != nil {
+				return nil, errors.Join(fmt.Errorf("snapshot of %s: %w", id, err), snap.Remove())
+			}
+			lowers = append(lowers, mp)
+		}
+		for _, p := range strip {
+			if err := rootfs.Strip(snap.Upper, lowers, p); err != nil {
+				return nil, errors.Join(fmt.Errorf("snapshot of %s: %w", id, err), snap.Remove())
+			}
+		}
+	}
+	return snap, nil
+}
