@@ -242,7 +242,7 @@ func (c *copier) meta(s, d int, rel string, st *unix.Stat_t) error {
 	if err := unix.Fchmod(d, st.Mode&0o7777); err != nil {
 		return fmt.Errorf("copy %s: chmod: %w", rel, err)
 	}
-	if err := copyXattrs(procFd(s), procFd(d), rel); err != nil {
+	if err := copyXattrs(fdXattrs(s), fdXattrs(d), rel); err != nil {
 		return err
 	}
 	ts := []unix.Timespec{st.Atim, st.Mtim}
@@ -264,7 +264,7 @@ func (c *copier) metaAt(sfd, dfd int, name, rel string, st *unix.Stat_t) error {
 			return fmt.Errorf("copy %s: chmod: %w", rel, err)
 		}
 	}
-	if err := copyXattrs(atPath(sfd, name), atPath(dfd, name), rel); err != nil {
+	if err := copyXattrs(pathXattrs(atPath(sfd, name)), pathXattrs(atPath(dfd, name)), rel); err != nil {
 		return err
 	}
 	ts := []unix.Timespec{st.Atim, st.Mtim}
@@ -274,17 +274,40 @@ func (c *copier) metaAt(sfd, dfd int, name, rel string, st *unix.Stat_t) error {
 	return nil
 }
 
-// procFd names an open file by its descriptor, for the *xattr calls that
-// have no fd form in x/sys with l-semantics.
+// procFd names an open file by its descriptor, for utimensat.
 func procFd(fd int) string { return fmt.Sprintf("/proc/self/fd/%d", fd) }
 
 // atPath names dirfd/name for the l*xattr calls: /proc/self/fd/N is the
-// directory itself, resolved once; name is a single component.
+// directory itself; name, a single component, is not followed.
 func atPath(dirfd int, name string) string { return procFd(dirfd) + "/" + name }
 
-// copyXattrs copies every xattr of src to dst (l-calls: a symlink's own).
-func copyXattrs(src, dst, rel string) error {
-	size, err := unix.Llistxattr(src, nil)
+// xattrs reads and writes one file's xattrs: by descriptor (an open file
+// or directory), or by path without following a final symlink.
+type xattrs struct {
+	list func(buf []byte) (int, error)
+	get  func(name string, buf []byte) (int, error)
+	set  func(name string, val []byte) error
+}
+
+func fdXattrs(fd int) xattrs {
+	return xattrs{
+		list: func(buf []byte) (int, error) { return unix.Flistxattr(fd, buf) },
+		get:  func(name string, buf []byte) (int, error) { return unix.Fgetxattr(fd, name, buf) },
+		set:  func(name string, val []byte) error { return unix.Fsetxattr(fd, name, val, 0) },
+	}
+}
+
+func pathXattrs(path string) xattrs {
+	return xattrs{
+		list: func(buf []byte) (int, error) { return unix.Llistxattr(path, buf) },
+		get:  func(name string, buf []byte) (int, error) { return unix.Lgetxattr(path, name, buf) },
+		set:  func(name string, val []byte) error { return unix.Lsetxattr(path, name, val, 0) },
+	}
+}
+
+// copyXattrs copies every xattr of src to dst.
+func copyXattrs(src, dst xattrs, rel string) error {
+	size, err := src.list(nil)
 	if errors.Is(err, unix.ENOTSUP) {
 		return nil
 	}
@@ -295,22 +318,22 @@ func copyXattrs(src, dst, rel string) error {
 		return nil
 	}
 	list := make([]byte, size)
-	if size, err = unix.Llistxattr(src, list); err != nil {
+	if size, err = src.list(list); err != nil {
 		return fmt.Errorf("copy %s: list xattrs: %w", rel, err)
 	}
 	var val []byte
 	for _, name := range splitNul(list[:size]) {
-		n, err := unix.Lgetxattr(src, name, nil)
+		n, err := src.get(name, nil)
 		if err != nil {
 			return fmt.Errorf("copy %s: xattr %s: %w", rel, name, err)
 		}
 		if cap(val) < n {
 			val = make([]byte, n)
 		}
-		if n, err = unix.Lgetxattr(src, name, val[:n]); err != nil {
+		if n, err = src.get(name, val[:n]); err != nil {
 			return fmt.Errorf("copy %s: xattr %s: %w", rel, name, err)
 		}
-		if err := unix.Lsetxattr(dst, name, val[:n], 0); err != nil {
+		if err := dst.set(name, val[:n]); err != nil {
 			return fmt.Errorf("copy %s: xattr %s: %w", rel, name, err)
 		}
 	}

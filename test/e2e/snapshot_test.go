@@ -1,0 +1,102 @@
+package e2e
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/testutil"
+)
+
+// Snapshots through the CLI and `warren up`: an agent's sandbox becomes a
+// versioned environment others start from; the source runs on; a taken
+// name@version is refused before anything is packed; lineage reaches the
+// snapshot of a snapshot; a bad request loses nothing.
+func TestUpSnapshot(t *testing.T) {
+	testutil.RequireContainers(t)
+	testutil.RequireBinary(t, "go")
+	c := &cluster{T: t, Bin: warrenBin(t), DataDir: t.TempDir(), Addr: freeAddr(t), Args: []string{"--no-fn"}}
+	c.Start()
+	t.Cleanup(func() {
+		c.Run("sandbox", "rm", "--all")
+		c.Stop()
+		if t.Failed() {
+			t.Logf("warren up log:\n%s", c.Log)
+		}
+	})
+
+	src := strings.TrimSpace(c.MustRun("sandbox", "create", "--image", "busybox", "--env", "STAGE=build"))
+	c.MustRun("exec", src, "--sh", "mkdir -p /work && echo built > /work/artifact && echo 42 > /work/answers && echo cmd > /root/.ash_history")
+	var snap api.Snapshot
+	mustJSON(t, c.MustRun("sandbox", "snapshot", src, "--name", "task-7", "--version", "1",
+		"--strip", "/work/answers", "--strip", "/root/.ash_history", "--label", "step=3", "-o", "json"), &snap)
+	if snap.Ref != "task-7@1" || snap.Source != src || snap.SourceImage != "busybox@1" || snap.Labels["step"] != "3" ||
+		snap.Stats.Method == "" || snap.Stats.FreezeMS <= 0 || snap.Layer.Kind != api.LayerDiff {
+		t.Errorf("snapshot: %+v", snap)
+	}
+
+	// The source runs on, untouched by the strip.
+	if out := c.MustRun("exec", src, "--sh", "cat /work/answers /root/.ash_history; echo more > /work/later"); out != "42\ncmd\n" {
+		t.Errorf("the source after its snapshot: %q", out)
+	}
+	// A sandbox from the snapshot: the build's files and env, not the
+	// stripped ones, not what the source wrote after.
+	b := strings.TrimSpace(c.MustRun("sandbox", "create", "--image", "task-7@1"))
+	out := c.MustRun("exec", b, "--sh", "cat /work/artifact; echo $STAGE; ls /work/answers /root/.ash_history /work/later 2>&1 | wc -l")
+	if out != "built\nbuild\n3\n" {
+		t.Errorf("a sandbox from task-7@1 sees %q", out)
+	}
+
+	// A snapshot of that sandbox: its parent is the first.
+	c.MustRun("exec", b, "--sh", "echo step2 > /work/step2")
+	var snap2 api.Snapshot
+	mustJSON(t, c.MustRun("sandbox", "snapshot", b, "--name", "task-7", "-o", "json"), &snap2)
+	if snap2.Ref != "task-7@2" || snap2.Parent != snap.ID {
+		t.Errorf("snapshot of a snapshot's sandbox: ref %s parent %q, want task-7@2 with parent %s", snap2.Ref, snap2.Parent, snap.ID)
+	}
+	c2 := strings.TrimSpace(c.MustRun("sandbox", "create", "--image", "task-7@2"))
+	if out := c.MustRun("exec", c2, "--sh", "cat /work/artifact /work/step2"); out != "built\nstep2\n" {
+		t.Errorf("a sandbox from task-7@2 sees %q", out)
+	}
+
+	// Listing and lookup by id and by name@version.
+	var list api.SnapshotList
+	mustJSON(t, c.MustRun("snapshot", "ls", "--source", src, "-o", "json"), &list)
+	if len(list.Snapshots) != 1 || list.Snapshots[0].ID != snap.ID {
+		t.Errorf("snapshot ls --source %s: %+v", src, list.Snapshots)
+	}
+	for _, ref := range []string{snap.ID, "task-7@1"} {
+		var got api.Snapshot
+		mustJSON(t, c.MustRun("snapshot", "get", ref, "-o", "json"), &got)
+		if got.ID != snap.ID {
+			t.Errorf("snapshot get %s: %s", ref, got.ID)
+		}
+	}
+
+	// Refusals: each a clear 4xx, the source running on.
+	for _, tc := range []struct {
+		args []string
+		code string
+	}{
+		{[]string{"sandbox", "snapshot", src, "--name", "task-7", "--version", "1"}, "env_exists"},
+		{[]string{"sandbox", "snapshot", src, "--strip", "relative/path"}, "invalid_argument"},
+		{[]string{"sandbox", "snapshot", src, "--name", "Bad Name!"}, "invalid_name"},
+		{[]string{"sandbox", "snapshot", "nope-123", "--name", "x"}, "sandbox_not_found"},
+		{[]string{"snapshot", "get", "snap-0000000000000000"}, "snapshot_not_found"},
+	} {
+		if _, stderr, code := c.Run(tc.args...); code == 0 || !strings.Contains(stderr, tc.code) {
+			t.Errorf("%v: exit %d, %q; want %s", tc.args, code, stderr, tc.code)
+		}
+	}
+	if out := c.MustRun("exec", src, "--sh", "cat /work/artifact"); out != "built\n" {
+		t.Errorf("the source after refused snapshots: %q", out)
+	}
+}
+
+func mustJSON(t *testing.T, s string, v any) {
+	t.Helper()
+	if err := json.Unmarshal([]byte(s), v); err != nil {
+		t.Fatalf("%v: %q", err, s)
+	}
+}
