@@ -136,3 +136,37 @@ func CheckSnapshot(req *SnapshotRequest) error {
 	}
 	return CheckLabels("labels", req.Labels, MaxLabels)
 }
+
+// ForkRequest is the body of POST /v1/sandboxes/{id}/fork: Count new
+// sandboxes from the sandbox's state now (a snapshot of it), each
+// isolated from its siblings and from the parent, which runs on. They
+// are made as a gang (BatchCreateRequest), with the parent's backend,
+// resources, network policy, TTL and idle timeout, its labels and these
+// on top, and LabelForkOf and LabelSnapshot; on the parent's node when it
+// has room (its layers are there), on others when it has not.
+type ForkRequest struct {
+	Count     int               `json:"count,omitempty"` // 1..MaxBatchCount; 0 means 1
+	Labels    map[string]string `json:"labels,omitempty"`
+	AllOrNone bool              `json:"all_or_none,omitempty"`
+}
+
+// ForkResponse answers a ForkRequest: the snapshot the branches start
+// from, and the gang as a batch create answers it.
+type ForkResponse struct {
+	Snapshot Snapshot `json:"snapshot"`
+	BatchCreateResponse
+}
+
+// Labels a fork puts on its branches.
+const (
+	LabelForkOf   = "warren.dev/fork-of"  // the parent sandbox's id
+	LabelSnapshot = "warren.dev/snapshot" // the snapshot a sandbox was made from
+)
+
+// CheckFork checks a fork request's count and labels.
+func CheckFork(req *ForkRequest) error {
+	if req.Count < 0 || req.Count > MaxBatchCount {
+		return fmt.Errorf("count %d: want 1 to %d", req.Count, MaxBatchCount)
+	}
+	return CheckLabels("labels", req.Labels, MaxLabels)
+}

@@ -52,3 +52,20 @@ func (c *Client) GetSnapshot(ctx context.Context, ref string) (*api.Snapshot, er
 	}
 	return &snap, nil
 }
+
+// Fork makes req.Count new sandboxes from a running sandbox's state now
+// (POST /v1/sandboxes/{id}/fork), each isolated from its siblings and
+// the parent, which runs on. Like CreateBatch, a partly made gang (when
+// not all or none) answers with the members made and the errors of the
+// others.
+func (c *Client) Fork(ctx context.Context, id string, req api.ForkRequest) (*api.ForkResponse, error) {
+	p, err := sandboxPath(id, "/fork")
+	if err != nil {
+		return nil, err
+	}
+	var out api.ForkResponse
+	if err := c.doJSON(ctx, http.MethodPost, p, nil, req, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}

@@ -106,22 +106,11 @@ value) and, when its value has an "@" and no "=", the environment to start from.
 				if err != nil {
 					return err
 				}
-				if output == outJSON {
-					if err := writeJSON(a.stdout, res); err != nil {
-						return err
-					}
-				} else {
-					for _, sb := range res.Sandboxes {
-						fmt.Fprintln(a.stdout, sb.ID)
-					}
+				var v any = res
+				if output != outJSON {
+					v = nil
 				}
-				for _, e := range res.Errors {
-					fmt.Fprintf(a.stderr, "warren: member %d: %s (%s)\n", e.Index, e.Error.Message, e.Error.Code)
-				}
-				if len(res.Errors) > 0 {
-					return fmt.Errorf("%d of %d sandboxes not created", len(res.Errors), count)
-				}
-				return nil
+				return a.printGang(v, res, count)
 			}
 			sb, err := a.client().CreateSandbox(cmd.Context(), req)
 			if err != nil {
@@ -299,6 +288,27 @@ func durOrDash(d api.Duration) string {
 		return "-"
 	}
 	return d.String()
+}
+
+// printGang prints a gang's members' ids, one a line (or v as JSON when
+// not nil), and each member's error; an error if any was not made.
+func (a *app) printGang(v any, res *api.BatchCreateResponse, count int) error {
+	if v != nil {
+		if err := writeJSON(a.stdout, v); err != nil {
+			return err
+		}
+	} else {
+		for _, sb := range res.Sandboxes {
+			fmt.Fprintln(a.stdout, sb.ID)
+		}
+	}
+	for _, e := range res.Errors {
+		fmt.Fprintf(a.stderr, "warren: member %d: %s (%s)\n", e.Index, e.Error.Message, e.Error.Code)
+	}
+	if len(res.Errors) > 0 {
+		return fmt.Errorf("%d of %d sandboxes not created", len(res.Errors), count)
+	}
+	return nil
 }
 
 func stamp(t, now time.Time) string {

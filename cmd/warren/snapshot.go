@@ -39,7 +39,52 @@ layer has it (caches, shell histories, answers).`,
 	return c
 }
 
-// snapshotCommands are `warren snapshot ls|get`.
+// newSandboxForkCmd is `warren sandbox fork SBX --count N`.
+func newSandboxForkCmd(a *app) *cobra.Command {
+	var (
+		req    api.ForkRequest
+		labels []string
+		output string
+	)
+	c := &cobra.Command{
+		Use:   "fork SBX [--count N] [--label K=V]... [--all-or-none]",
+		Short: "Make sandboxes from a running sandbox's state now (it runs on)",
+		Long: `Fork a running sandbox: a snapshot of what it wrote, then --count new
+sandboxes from it, a gang (--all-or-none: all of them or none), each
+isolated from the others and from the parent, which runs on. The branches
+get the parent's backend, resources, network policy, TTL, labels and these
+labels, and warren.dev/fork-of and warren.dev/snapshot; they go to the
+parent's node when it has room. Prints their ids, one a line.`,
+		Example: `  warren sandbox fork $SBX --count 8 --label branch=b   # 8 branches from step k`,
+		Args:    exactArgs(1, "one sandbox id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output, outDefault, outID, outJSON); err != nil {
+				return err
+			}
+			var err error
+			if req.Labels, err = parseKVs("label", labels, a.getenv, false); err != nil {
+				return err
+			}
+			res, err := a.client().Fork(cmd.Context(), args[0], req)
+			if err != nil {
+				return err
+			}
+			var v any = res
+			if output != outJSON {
+				v = nil
+			}
+			return a.printGang(v, &res.BatchCreateResponse, max(req.Count, 1))
+		},
+	}
+	f := c.Flags()
+	f.IntVar(&req.Count, "count", 1, "how many sandboxes")
+	f.BoolVar(&req.AllOrNone, "all-or-none", false, "make all of them or none")
+	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE on the branches (repeatable)")
+	f.StringVarP(&output, "output", "o", "", "output: id (default) or json")
+	return c
+}
+
+// newSnapshotCmd is `warren snapshot ls|get`.
 func newSnapshotCmd(a *app) *cobra.Command {
 	snap := &cobra.Command{Use: "snapshot", Aliases: []string{"snapshots", "snap"}, Short: "List and show sandbox snapshots"}
 	snap.AddCommand(newSnapshotLsCmd(a), newSnapshotGetCmd(a))

@@ -88,7 +88,10 @@ var routeRules = map[string]rule{
 	// A snapshot publishes an environment: a builder's. (The node API's
 	// pack, its node half, is not listed: a root admin's, like any
 	// unlisted verb.)
-	"POST /v1/sandboxes/{id}/snapshot":  {action: iam.ActionEnvironmentWrite},
+	"POST /v1/sandboxes/{id}/snapshot": {action: iam.ActionEnvironmentWrite},
+	// A fork is a create (of sandboxes only its maker and its project
+	// see): a runner's.
+	"POST /v1/sandboxes/{id}/fork":      {action: iam.ActionSandboxCreate},
 	"GET /v1/snapshots":                 {action: iam.ActionRead},
 	"GET /v1/snapshots/{ref...}":        {action: iam.ActionRead},
 	"PATCH /v1/sandboxes/{id}/network":  {action: iam.ActionSandboxNetwork},

@@ -35,20 +35,30 @@ func (s *Server) createBatch(w http.ResponseWriter, r *http.Request) error {
 	if err := api.CheckBatch(&req); err != nil {
 		return errdefs.Request(err)
 	}
-	tmpl := req.Template
-	if tmpl.IdempotencyKey != "" || r.Header.Get(idempotencyHeader) != "" {
+	if req.Template.IdempotencyKey != "" || r.Header.Get(idempotencyHeader) != "" {
 		return errdefs.Invalid("a batch create takes no idempotency key")
 	}
-	ctx := r.Context()
+	out, status, err := s.createGang(r.Context(), req)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, status, out)
+}
+
+// createGang creates req's gang (see createBatch) and answers it with its
+// status: 201 when every member was made, 200 when only some were (and
+// not all or none), or the failure that undid it.
+func (s *Server) createGang(ctx context.Context, req api.BatchCreateRequest) (api.BatchCreateResponse, int, error) {
+	tmpl := req.Template
 	p := principal(ctx)
 	project, err := projectFor(p, tmpl.Project, iam.ActionSandboxCreate)
 	if err != nil {
-		return err
+		return api.BatchCreateResponse{}, 0, err
 	}
 	tmpl.Project = project
 	gang, err := newGangID()
 	if err != nil {
-		return err
+		return api.BatchCreateResponse{}, 0, err
 	}
 
 	// Admission for the whole gang, before any create.
@@ -56,7 +66,7 @@ func (s *Server) createBatch(w http.ResponseWriter, r *http.Request) error {
 	res := make([]*iam.Reservation, n)
 	if m := s.cfg.IAM; m != nil {
 		if err := m.AllowCreates(ctx, project, n); err != nil {
-			return err
+			return api.BatchCreateResponse{}, 0, err
 		}
 		one := s.quotaOf(tmpl.Resources)
 		for i := range res {
@@ -64,7 +74,7 @@ func (s *Server) createBatch(w http.ResponseWriter, r *http.Request) error {
 				for _, rv := range res[:i] {
 					rv.Release()
 				}
-				return err
+				return api.BatchCreateResponse{}, 0, err
 			}
 		}
 	}
@@ -134,7 +144,7 @@ func (s *Server) createBatch(w http.ResponseWriter, r *http.Request) error {
 	bg := context.WithoutCancel(ctx)
 	switch {
 	case first == nil && ctx.Err() == nil:
-		return writeJSON(w, http.StatusCreated, out)
+		return out, http.StatusCreated, nil
 	case req.AllOrNone || len(out.Sandboxes) == 0 || ctx.Err() != nil:
 		// None or nothing, or nobody left to tell what was made: undo
 		// what was created, answer the failure.
@@ -142,12 +152,12 @@ func (s *Server) createBatch(w http.ResponseWriter, r *http.Request) error {
 		if first == nil {
 			first = ctx.Err()
 		}
-		return first
+		return api.BatchCreateResponse{}, 0, first
 	default:
 		if unsure {
 			s.undoGang(bg, gang, nil, out.Sandboxes, true)
 		}
-		return writeJSON(w, http.StatusOK, out)
+		return out, http.StatusOK, nil
 	}
 }
 

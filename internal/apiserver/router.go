@@ -305,6 +305,7 @@ func (r *Router) Create(ctx context.Context, req api.CreateSandboxRequest) (api.
 	if preq.Backend == "" {
 		preq.Backend = api.BackendContainer
 	}
+	preq.Prefer, _ = ctx.Value(preferKey{}).(string)
 	var sb api.Sandbox
 	_, err := r.placer.Do(ctx, preq, func(ctx context.Context, id string) error {
 		c, err := r.client(id)
@@ -326,6 +327,16 @@ func (r *Router) Create(ctx context.Context, req api.CreateSandboxRequest) (api.
 	}
 	r.remember(sb)
 	return sb, nil
+}
+
+// preferKey is the context key of withPreferredNode.
+type preferKey struct{}
+
+// withPreferredNode asks a Cluster to place the creates made with ctx on
+// node id when it can take them, elsewhere only when it cannot: forks go
+// where their parent's layers are.
+func withPreferredNode(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, preferKey{}, id)
 }
 
 // Route returns the node that owns sandbox id.

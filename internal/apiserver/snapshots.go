@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 
@@ -28,6 +29,7 @@ type Snapshotter interface {
 // forwarded: its records are the control plane's) and /v1/snapshots.
 func (s *Server) snapshotRoutes(auth func(handler) http.Handler) {
 	s.mux.Handle("POST /v1/sandboxes/{id}/snapshot", auth(s.changesImages(s.snapshotSandbox)))
+	s.mux.Handle("POST /v1/sandboxes/{id}/fork", auth(s.changesImages(s.forkSandbox)))
 	s.mux.Handle("GET /v1/snapshots", auth(s.listSnapshots))
 	s.mux.Handle("GET /v1/snapshots/{ref...}", auth(s.getSnapshot))
 }
@@ -78,21 +80,79 @@ func (s *Server) snapshotSandbox(w http.ResponseWriter, r *http.Request) error {
 			return errdefs.New(errdefs.ErrConflict, api.CodeEnvExists, "environment %s already exists", ref)
 		}
 	}
-	src, err := n.Get(r.Context(), id)
-	if err != nil {
-		return err
-	}
-	var pack api.PackResult
-	if err := callNode(r.Context(), n, id, "pack", api.PackRequest{Strip: req.Strip}, &pack); err != nil {
-		return err
-	}
-	p := principal(r.Context())
-	snap, err := sn.RegisterSnapshot(r.Context(), image.SnapshotSpec{Name: req.Name, Version: req.Version, Labels: req.Labels,
-		Source: src, Pack: pack, CreatedBy: p.TokenID})
+	snap, _, err := s.takeSnapshot(r.Context(), sn, n, id, req)
 	if err != nil {
 		return err
 	}
 	return writeJSON(w, http.StatusCreated, snap)
+}
+
+// takeSnapshot has sandbox id's node n pack it and registers the result;
+// it returns the snapshot and the source as its node described it.
+func (s *Server) takeSnapshot(ctx context.Context, sn Snapshotter, n Node, id string, req api.SnapshotRequest) (api.Snapshot, api.Sandbox, error) {
+	src, err := n.Get(ctx, id)
+	if err != nil {
+		return api.Snapshot{}, api.Sandbox{}, err
+	}
+	var pack api.PackResult
+	if err := callNode(ctx, n, id, "pack", api.PackRequest{Strip: req.Strip}, &pack); err != nil {
+		return api.Snapshot{}, api.Sandbox{}, err
+	}
+	snap, err := sn.RegisterSnapshot(ctx, image.SnapshotSpec{Name: req.Name, Version: req.Version, Labels: req.Labels,
+		Source: src, Pack: pack, CreatedBy: principal(ctx).TokenID})
+	return snap, src, err
+}
+
+// forkSandbox makes count sandboxes from a sandbox's state now: a
+// snapshot of it (unnamed: its environment is named by its id), then a
+// gang created from it, preferably on the parent's node, where the
+// snapshot's layers already are. The parent runs on.
+func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
+	sn, err := s.snapshotter()
+	if err != nil {
+		return err
+	}
+	var req api.ForkRequest
+	if err := decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	if req.Count == 0 {
+		req.Count = 1
+	}
+	if err := api.CheckFork(&req); err != nil {
+		return errdefs.Request(err)
+	}
+	ctx := r.Context()
+	id, n, err := s.sandboxNode(r)
+	if err != nil {
+		return err
+	}
+	snap, src, err := s.takeSnapshot(ctx, sn, n, id, api.SnapshotRequest{Labels: req.Labels})
+	if err != nil {
+		return err
+	}
+	tmpl := api.CreateSandboxRequest{Backend: src.Backend, Image: snap.Ref, Resources: src.Resources,
+		Labels: maps.Clone(src.Labels), TTL: src.TTL, IdleTimeout: src.IdleTimeout, Project: src.Project}
+	if tmpl.Labels == nil {
+		tmpl.Labels = map[string]string{}
+	}
+	delete(tmpl.Labels, api.LabelGang) // the branches are a gang of their own
+	delete(tmpl.Labels, api.LabelGangIndex)
+	maps.Copy(tmpl.Labels, req.Labels)
+	tmpl.Labels[api.LabelForkOf], tmpl.Labels[api.LabelSnapshot] = src.ID, snap.ID
+	if src.Network != nil {
+		p := src.Network.NetworkPolicy
+		tmpl.Network = &p
+	}
+	batch := api.BatchCreateRequest{Count: req.Count, Template: tmpl, AllOrNone: req.AllOrNone}
+	if err := api.CheckBatch(&batch); err != nil {
+		return errdefs.Request(err)
+	}
+	out, status, err := s.createGang(withPreferredNode(ctx, src.Node), batch)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, status, api.ForkResponse{Snapshot: snap, BatchCreateResponse: out})
 }
 
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {

@@ -100,6 +100,9 @@ type Request struct {
 	Pool      string
 	Burstable bool
 	Exclude   []string // node ids not to use
+	// Prefer is a node to use if it can take the sandbox (a fork goes
+	// where its parent's layers already are); others only if not.
+	Prefer string
 	// Disk: the sandbox has a disk limit, so the node must enforce one
 	// (api.Node.DiskQuota); DiskInodes: an inode limit too.
 	Disk, DiskInodes bool
@@ -219,7 +222,11 @@ func (p *Placer) Place(ctx context.Context, req Request) (string, error) {
 	for _, id := range req.Exclude {
 		s.exclude[id] = true
 	}
-	for _, pool := range p.pools(req, nodes) {
+	pools := p.pools(req, nodes)
+	if id, ok := s.preferred(pools); ok {
+		return id, nil
+	}
+	for _, pool := range pools {
 		s.pool = pool
 		// A reservation can lose a race with a concurrent placement:
 		// choose again without that node, a few times.
@@ -464,6 +471,27 @@ func hasLabels(have, want map[string]string) bool {
 
 // choose returns the index of the node the strategy picks in s.pool, or -1
 // if none is feasible.
+// preferred reserves the request's preferred node if it is in one of
+// pools and feasible there.
+func (s *search) preferred(pools []string) (string, bool) {
+	if s.req.Prefer == "" {
+		return "", false
+	}
+	for i := range s.nodes {
+		n := &s.nodes[i]
+		if n.ID != s.req.Prefer || !slices.Contains(pools, n.Pool) {
+			continue
+		}
+		s.pool = n.Pool
+		_, ok := s.feasible(i)
+		s.why = rejections{}
+		if ok && s.p.cfg.Fleet.Reserve(n.ID, s.res) == nil {
+			return n.ID, true
+		}
+	}
+	return "", false
+}
+
 func (s *search) choose() int {
 	s.why = rejections{pool: s.pool}
 	if s.p.cfg.Strategy == Oracle {
