@@ -2,9 +2,10 @@ package diskquota
 
 import (
 	"fmt"
-	"runtime"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/internal/osthread"
 )
 
 // Bind runs f, which mounts something that writes into a directory
@@ -31,12 +32,9 @@ func (q *Quota) Bind(l Limit, fsid int, f func() error) error {
 // OnThread runs f on a fresh OS thread with filesystem uid and gid fsid
 // (unless negative) and its effective capabilities raised to its
 // permitted ones (setfsuid away from 0 drops the filesystem ones), minus
-// CAP_SYS_RESOURCE if dropResource. The thread is never handed back to the
-// Go scheduler: it exits with the goroutine.
+// CAP_SYS_RESOURCE if dropResource. The thread ends with f (osthread.Run).
 func OnThread(fsid int, dropResource bool, f func() error) error {
-	done := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // no Unlock: the thread dies with us
+	return osthread.Run(func() error {
 		if fsid >= 0 {
 			unix.Setfsuid(fsid)
 			unix.Setfsgid(fsid)
@@ -44,18 +42,15 @@ func OnThread(fsid int, dropResource bool, f func() error) error {
 		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 		var data [2]unix.CapUserData
 		if err := unix.Capget(&hdr, &data[0]); err != nil {
-			done <- fmt.Errorf("capget: %w", err)
-			return
+			return fmt.Errorf("capget: %w", err)
 		}
 		data[0].Effective, data[1].Effective = data[0].Permitted, data[1].Permitted
 		if dropResource {
 			data[unix.CAP_SYS_RESOURCE/32].Effective &^= 1 << (unix.CAP_SYS_RESOURCE % 32)
 		}
 		if err := unix.Capset(&hdr, &data[0]); err != nil {
-			done <- fmt.Errorf("capset: %w", err)
-			return
+			return fmt.Errorf("capset: %w", err)
 		}
-		done <- f()
-	}()
-	return <-done
+		return f()
+	})
 }

@@ -100,18 +100,21 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 		}
 	}
 	// The platform's files (platformDir): the node's under every layer,
-	// the sandbox's own (its resolv.conf) above them.
+	// the sandbox's own (its boot id, its resolv.conf) above them.
 	lower = append(lower, c.platformDir())
+	own := filepath.Join(dir, "platform")
+	if err := os.MkdirAll(filepath.Join(own, platformSub), 0o755); err != nil {
+		return fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	if err := os.WriteFile(filepath.Join(own, platformSub, bootIDFile), []byte(newUUID()+"\n"), 0o444); err != nil { // identity.go
+		return fmt.Errorf("create sandbox %s: %w", id, err)
+	}
 	if len(spec.DNS) > 0 {
-		own := filepath.Join(dir, "platform")
-		if err := os.MkdirAll(filepath.Join(own, platformSub), 0o755); err != nil {
-			return fmt.Errorf("create sandbox %s: %w", id, err)
-		}
 		if err := os.WriteFile(filepath.Join(own, platformSub, resolvConf), resolvConfFor(spec.DNS), 0o644); err != nil {
 			return fmt.Errorf("create sandbox %s: %w", id, err)
 		}
-		lower = append([]string{own}, lower...)
 	}
+	lower = append([]string{own}, lower...)
 
 	// Bind: on ext4 the overlay must not write as root with CAP_SYS_RESOURCE,
 	// or it would pass the disk limit (disk.go); in a user namespace it
@@ -146,6 +149,9 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 	}
 	cg, err := execCgroupOf(st.CgroupPaths)
 	if err != nil {
+		return fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	if err := c.giveIdentity(s, st.InitPid); err != nil { // identity.go
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	c.mu.Lock()

@@ -46,6 +46,8 @@ func testSnapshotRoundTrip(t *testing.T, h *harness, methods ...string) {
 		src.Resources.Disk = 0
 	}
 	h.start(src)
+	hostBoot, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	a := strings.Fields(ident(h, "snap-src"))
 	h.sh("snap-src", `set -e
 mkdir -p /work/sub
 echo hello > /work/a && ln /work/a /work/b && ln -s a /work/c
@@ -53,7 +55,7 @@ chown 1000:1000 /work/a && chmod 4755 /work/a
 dd if=/dev/zero of=/work/sparse bs=1 count=0 seek=64M 2>/dev/null && echo tail >> /work/sparse
 mkfifo /work/fifo
 rm /bin/vi /etc/group
-rm -rf /etc && mkdir /etc && echo new > /etc/only
+rm -rf /usr && mkdir -p /usr/local && echo new > /usr/local/only
 mkdir -p /root/.cache && echo junk > /root/.cache/x && echo secret > /answers
 (while :; do echo x >> /work/log; done) > /dev/null 2>&1 &`)
 
@@ -82,13 +84,20 @@ cat /work/a; stat -c '%u:%g %a %h' /work/a
 readlink /work/c
 stat -c %s /work/sparse; tail -c 5 /work/sparse
 [ -p /work/fifo ] && echo fifo
-cat /etc/only
-for p in /bin/vi /etc/group /etc/passwd /root/.cache /answers /bin/ls /work/later; do [ -e $p ] || [ -L $p ] || echo "no $p"; done
+cat /usr/local/only
+for p in /bin/vi /etc/group /usr/bin/env /root/.cache /answers /bin/ls /work/later; do [ -e $p ] || [ -L $p ] || echo "no $p"; done
 [ -d /root ] && echo root-dir`)
 	want := "hello\n1000:1000 4755 2\nlinked\na\n67108869\ntail\nfifo\nnew\n" +
-		"no /bin/vi\nno /etc/group\nno /etc/passwd\nno /root/.cache\nno /answers\nno /bin/ls\nno /work/later\nroot-dir"
+		"no /bin/vi\nno /etc/group\nno /usr/bin/env\nno /root/.cache\nno /answers\nno /bin/ls\nno /work/later\nroot-dir"
 	if got != want {
 		t.Errorf("the sandbox from the snapshot sees:\n%s\nwant:\n%s", got, want)
+	}
+	// A machine of its own: machine id and boot id differ from the
+	// source's (whose /etc/machine-id is in the snapshot) and the host's;
+	// its boot id stays.
+	b := strings.Fields(ident(h, "snap-dst"))
+	if len(a) != 2 || len(b) != 2 || a[0] == b[0] || a[1] == b[1] || len(a[0]) != 32 || a[1] == strings.TrimSpace(string(hostBoot)) {
+		t.Errorf("identities: source %q, from its snapshot %q, host boot id %q", a, b, hostBoot)
 	}
 	// The layer keeps the sparse file sparse: its data, not its size.
 	if fi, err := os.Stat(dst.Layers[1].Path); err != nil || fi.Size() > 4<<20 {
@@ -129,6 +138,12 @@ func TestSnapshotRefusals(t *testing.T) {
 	if len(entries) > 0 {
 		t.Errorf("refused snapshots left %v", entries)
 	}
+}
+
+// ident is a sandbox's machine id and boot id, and "writable" if its boot
+// id can be written.
+func ident(h *harness, id string) string {
+	return h.sh(id, "cat /etc/machine-id /proc/sys/kernel/random/boot_id; (echo x > /proc/sys/kernel/random/boot_id) 2>/dev/null && echo writable; true")
 }
 
 // layerOf builds dir into an EROFS layer file, as a node packs a snapshot.

@@ -1,0 +1,96 @@
+package container
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/osthread"
+	"github.com/warrenhq/warren/internal/rootfs"
+)
+
+// Every sandbox is a machine of its own to what runs in it, forks of one
+// sandbox included (they share its files, /etc/machine-id among them):
+//
+//   - /etc/machine-id: a fresh one, written into the sandbox's own layer
+//     before it starts (where the environment has /etc), as its root;
+//   - /proc/sys/kernel/random/boot_id: the host's is the same in every
+//     sandbox, so the sandbox's own (a platform file, written at create)
+//     is bound read-only over it, in the sandbox's mount namespace once
+//     runc has made it (runc allows no mount there);
+//   - the hostname is the sandbox's id (the spec).
+//
+// Random state needs nothing: a sandbox's processes start afresh from its
+// files and draw from the kernel's pool, never from a copied one.
+
+// bootIDFile is the sandbox's boot_id, among its own platform files.
+const bootIDFile = "boot_id"
+
+// newUUID returns a random version 4 UUID in its text form.
+func newUUID() string {
+	b := make([]byte, 16)
+	rand.Read(b)
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b)
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+// giveIdentity gives the created (not yet started) sandbox, whose init
+// is pid, its machine id and boot id.
+func (c *Container) giveIdentity(s *sandbox, pid int) error {
+	root := c.rootDir(s.spec.ID)
+	if fi, err := rootfs.Stat(root, "/etc"); err == nil && fi.IsDir {
+		id := make([]byte, 16)
+		rand.Read(id)
+		mid := []byte(hex.EncodeToString(id) + "\n")
+		err := asSandboxRoot(s, func() error { return rootfs.WriteFile(root, "/etc/machine-id", 0o444, bytes.NewReader(mid)) })
+		if err != nil && !errors.Is(err, errdefs.ErrInvalid) { // /etc/machine-id a directory, say: the image's business
+			return fmt.Errorf("machine id: %w", err)
+		}
+	}
+	// From the sandbox's own platform files, through its root: the
+	// mount table inside names /.warren/boot_id, no host path.
+	return bindInto(pid, filepath.Join(root, platformSub, bootIDFile), "/proc/sys/kernel/random/boot_id")
+}
+
+// bindInto binds the host file src read-only onto target in the mount
+// namespace of process pid: a detached clone of src (open_tree), made
+// read-only, then moved there from a thread that joined that namespace
+// and ends with it (osthread).
+func bindInto(pid int, src, target string) error {
+	tree, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("bind %s: open_tree: %w", target, err)
+	}
+	defer unix.Close(tree)
+	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC}
+	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+		return fmt.Errorf("bind %s: mount_setattr: %w", target, err)
+	}
+	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+	if err != nil {
+		return fmt.Errorf("bind %s: %w", target, err)
+	}
+	defer ns.Close()
+	err = osthread.Run(func() error {
+		if err := unix.Unshare(unix.CLONE_FS); err != nil {
+			return fmt.Errorf("unshare fs: %w", err)
+		}
+		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNS); err != nil {
+			return fmt.Errorf("join mount namespace: %w", err)
+		}
+		return unix.MoveMount(tree, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH)
+	})
+	if err != nil {
+		return fmt.Errorf("bind %s: %w", target, err)
+	}
+	return nil
+}
