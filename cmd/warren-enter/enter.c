@@ -61,7 +61,7 @@
 #define REQ_FD 3
 #define PIDFD 4
 #define STATUS_FD 5
-#define MAGIC 0x314e4557u // "WEN1"
+#define MAGIC 0x324e4557u // "WEN2": the request format's version
 #define MAX_FILTERS 8
 
 #ifndef CLOSE_RANGE_CLOEXEC
@@ -167,7 +167,7 @@ static void read_request(struct request *q) {
 		status("error request", errno);
 	reader r = {p, st.st_size};
 	if (get_u64(&r) != MAGIC)
-		bad_request();
+		status("error version", EPROTO); // an agent of another build
 	q->uid = get_u64(&r);
 	q->gid = get_u64(&r);
 	q->ngroups = get_u64(&r);

@@ -1078,7 +1078,15 @@ static void reap(int agent) {
 	}
 }
 
-int main(void) {
+// PROTO is the protocol's version (internal/fncall/proto.Version).
+#define PROTO "proto=2"
+
+int main(int argc, char **argv) {
+	if (argc != 2 || strcmp(argv[1], PROTO)) {
+		fprintf(stderr, "warren-fninit: this build speaks %s, the node agent %s: install the agent's own helpers (scripts/build-helpers)\n",
+			PROTO, argc > 1 ? argv[1] : "proto=1");
+		return 2;
+	}
 	int agent = SOCK_FD;
 	struct stat st;
 	if (fstat(agent, &st) < 0 || !S_ISSOCK(st.st_mode)) {

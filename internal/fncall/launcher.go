@@ -63,7 +63,7 @@ func startLauncher(path string, log *slog.Logger) (*launcher, error) {
 		return nil, err
 	}
 	l := &launcher{conn: c.(*net.UnixConn), exits: map[int]chan struct{}{}, dead: make(chan struct{})}
-	l.cmd = exec.Command(path)
+	l.cmd = exec.Command(path, fmt.Sprintf("proto=%d", proto.Version))
 	l.cmd.Env = []string{}
 	l.cmd.ExtraFiles = []*os.File{child} // proto.Fd
 	l.cmd.Stderr = logWriter{log}

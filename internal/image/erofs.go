@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -104,7 +105,15 @@ func BuildEROFS(ctx context.Context, srcDir, outFile string, opts ...BuildOption
 		args = append(args, "--chunksize=4096")
 	}
 
-	tmp, err := os.CreateTemp(filepath.Dir(outFile), "."+filepath.Base(outFile)+".tmp-*")
+	// With chunks (WithSparse), erofs-utils 1.5 gathers file data in a
+	// tmpfile(3) in /tmp and copies it into the image with
+	// copy_file_range, which fails (EIO) from one filesystem to another:
+	// the image is then made on /tmp's and moved.
+	tmpDir := filepath.Dir(outFile)
+	if cfg.sparse && !sameFS(tmpDir, "/tmp") {
+		tmpDir = "/tmp"
+	}
+	tmp, err := os.CreateTemp(tmpDir, "."+filepath.Base(outFile)+".tmp-*")
 	if err != nil {
 		return fmt.Errorf("build EROFS: %w", err)
 	}
@@ -122,10 +131,52 @@ func BuildEROFS(ctx context.Context, srcDir, outFile string, opts ...BuildOption
 	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
 		return fmt.Errorf("build EROFS: %w", err)
 	}
-	if err := os.Rename(tmp.Name(), outFile); err != nil {
+	if err := moveFile(tmp.Name(), outFile); err != nil {
 		return fmt.Errorf("build EROFS: %w", err)
 	}
 	return nil
+}
+
+// sameFS says whether a and b are on one filesystem.
+func sameFS(a, b string) bool {
+	var sa, sb syscall.Stat_t
+	return syscall.Stat(a, &sa) == nil && syscall.Stat(b, &sb) == nil && sa.Dev == sb.Dev
+}
+
+// moveFile renames src to dst, or copies it there (synced) and removes it
+// when they are on different filesystems; dst is never half-written.
+func moveFile(src, dst string) error {
+	err := os.Rename(src, dst)
+	if !errors.Is(err, syscall.EXDEV) {
+		return err
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(out.Name()) // a no-op after the rename
+	_, err = io.Copy(out, in)
+	if err == nil {
+		err = out.Sync()
+	}
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(out.Name(), 0o644)
+	}
+	if err == nil {
+		err = os.Rename(out.Name(), dst)
+	}
+	if err != nil {
+		return err
+	}
+	return os.Remove(src)
 }
 
 // treeUUID hashes the metadata of every entry under root as the image will

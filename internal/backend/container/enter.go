@@ -24,8 +24,9 @@ import (
 // This file is the agent's side of warren-enter (cmd/warren-enter), the
 // launcher every exec goes through: what it is told, and what it answers.
 
-// enterMagic opens every request ("WEN1"); keep in step with enter.c.
-const enterMagic = 0x314e4557
+// enterMagic opens every request ("WEN2"): the format's version, raised
+// with every change to it; keep in step with enter.c.
+const enterMagic = 0x324e4557
 
 // execUmask is the umask of exec'd commands, as runc and a login set it.
 const execUmask = 0o022

@@ -176,6 +176,8 @@ func (c *Container) execResult(id string, st enterStatus, name string, stderr io
 		if stderr != nil {
 			fmt.Fprintf(stderr, "warren: %s: %s\n", name, msg)
 		}
+	case st.stage == "version":
+		return errdefs.Unavailable("exec in %s: %s is from another build of warren (its request format differs): install this build's (scripts/build-helpers)", id, c.cfg.EnterPath)
 	default:
 		return fmt.Errorf("exec in %s: warren-enter: %s: %v", id, st.stage, errno)
 	}

@@ -30,6 +30,12 @@ import (
 	"io"
 )
 
+// Version is the protocol's, raised with every change to a message; the
+// agent starts warren-fninit with the argument "proto=<Version>", and a
+// warren-fninit of another version refuses to run (keep PROTO in
+// fninit.c in step).
+const Version = 2
+
 // Message types; keep in step with fninit.c.
 const (
 	TypeMake   = 'M'
