@@ -32,42 +32,59 @@ type CopyStats struct {
 // with reflink, shared blocks, no data copied), else copied extent by
 // extent (SEEK_DATA/SEEK_HOLE, copy_file_range). It runs as root (owners).
 func CopyTree(src, dst string) (CopyStats, error) {
+	c, err := copyTree(src, dst, nil)
+	if err != nil {
+		return CopyStats{}, err
+	}
+	return c.stats, nil
+}
+
+// copyTree is CopyTree with the copier set up by opt.
+func copyTree(src, dst string, opt func(*copier)) (*copier, error) {
 	sfd, err := unix.Open(src, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return CopyStats{}, &os.PathError{Op: "open", Path: src, Err: err}
+		return nil, &os.PathError{Op: "open", Path: src, Err: err}
 	}
 	defer unix.Close(sfd)
 	var st unix.Stat_t
 	if err := unix.Fstat(sfd, &st); err != nil {
-		return CopyStats{}, &os.PathError{Op: "stat", Path: src, Err: err}
+		return nil, &os.PathError{Op: "stat", Path: src, Err: err}
 	}
 	if err := os.Mkdir(dst, 0o700); err != nil {
-		return CopyStats{}, err
+		return nil, err
 	}
 	dfd, err := unix.Open(dst, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return CopyStats{}, &os.PathError{Op: "open", Path: dst, Err: err}
+		return nil, &os.PathError{Op: "open", Path: dst, Err: err}
 	}
 	defer unix.Close(dfd)
 	c := &copier{root: dfd, links: map[[2]uint64]string{}, reflink: true, buf: make([]byte, 1<<20)}
+	if opt != nil {
+		opt(c)
+	}
 	if err := c.dir(sfd, dfd, "."); err != nil {
-		return c.stats, err
+		return c, err
 	}
 	if err := c.meta(sfd, dfd, ".", &st); err != nil {
-		return c.stats, err
+		return c, err
 	}
 	c.stats.Files++
 	c.stats.Reflink = c.reflink && c.cloned
-	return c.stats, nil
+	return c, nil
 }
 
 type copier struct {
-	root    int // dst, which links name from
-	stats   CopyStats
-	links   map[[2]uint64]string // (dev, ino) of a multiply-linked file -> its first copy, relative
-	reflink bool                 // still worth trying FICLONE
-	cloned  bool                 // a file was cloned
-	buf     []byte
+	root  int // dst, which links name from
+	stats CopyStats
+	// seen, when set, records every source entry copied (Copy.Update
+	// compares against it); tolerant skips entries that fail to copy (the
+	// source changed under a copy made while it runs: Update copies them).
+	seen     map[string]srcEntry
+	tolerant bool
+	links    map[[2]uint64]string // (dev, ino) of a multiply-linked file -> its first copy, relative
+	reflink  bool                 // still worth trying FICLONE
+	cloned   bool                 // a file was cloned
+	buf      []byte
 }
 
 // dir copies the entries of the directory sfd into dfd (rel names it, for
@@ -80,8 +97,13 @@ func (c *copier) dir(sfd, dfd int, rel string) error {
 		return fmt.Errorf("copy %s: %w", rel, err)
 	}
 	for _, name := range names {
-		if err := c.entry(sfd, dfd, name, filepath.Join(rel, name)); err != nil {
-			return err
+		r := filepath.Join(rel, name)
+		if err := c.entry(sfd, dfd, name, r); err != nil {
+			if !c.tolerant {
+				return err
+			}
+			delete(c.seen, r) // Update copies it anew
+			removeIn(dfd, name, r)
 		}
 	}
 	return nil
@@ -93,6 +115,9 @@ func (c *copier) entry(sfd, dfd int, name, rel string) error {
 		return fmt.Errorf("copy %s: %w", rel, err)
 	}
 	c.stats.Files++
+	if c.seen != nil {
+		c.seen[rel] = srcEntry{dev: st.Dev, ino: st.Ino, ctime: st.Ctim, size: st.Size, mode: st.Mode}
+	}
 	typ := st.Mode & unix.S_IFMT
 	if typ != unix.S_IFDIR && st.Nlink > 1 {
 		key := [2]uint64{st.Dev, st.Ino}
@@ -374,7 +399,7 @@ func readlinkat(dirfd int, name string) (string, error) {
 // TreeStats is what Scan found in a tree.
 type TreeStats struct {
 	Files int   // entries, directories included
-	Bytes int64 // allocated bytes of regular files
+	Bytes int64 // allocated bytes of regular files (each file once)
 	Holes int64 // bytes of regular files' sizes not allocated: holes
 	// Sparsest is the regular file with the most holes, relative to
 	// the tree, and its holes.
@@ -394,10 +419,12 @@ func Scan(dir string) (TreeStats, error) {
 	}
 	defer unix.Close(fd)
 	st := TreeStats{Files: 1}
-	return st, scanDir(fd, ".", &st)
+	return st, scanDir(fd, ".", &st, map[[2]uint64]bool{})
 }
 
-func scanDir(fd int, rel string, ts *TreeStats) error {
+// scanDir scans directory fd (rel) into ts; links holds the files with
+// several names already counted.
+func scanDir(fd int, rel string, ts *TreeStats, links map[[2]uint64]bool) error {
 	names, err := readNames(fd)
 	if err != nil {
 		return fmt.Errorf("scan %s: %w", rel, err)
@@ -411,6 +438,13 @@ func scanDir(fd int, rel string, ts *TreeStats) error {
 		ts.Files++
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFREG:
+			if st.Nlink > 1 { // one file, however many names
+				key := [2]uint64{st.Dev, st.Ino}
+				if links[key] {
+					continue
+				}
+				links[key] = true
+			}
 			ts.Bytes += st.Blocks * 512
 			if holes := st.Size - st.Blocks*512; holes > 0 {
 				ts.Holes += holes
@@ -429,7 +463,7 @@ func scanDir(fd int, rel string, ts *TreeStats) error {
 			if err != nil {
 				return fmt.Errorf("scan %s: %w", r, err)
 			}
-			err = scanDir(sub, r, ts)
+			err = scanDir(sub, r, ts, links)
 			unix.Close(sub)
 			if err != nil {
 				return err

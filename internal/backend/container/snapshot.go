@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/diskquota"
 	"github.com/warrenhq/warren/internal/errdefs"
@@ -22,9 +24,14 @@ var _ backend.Snapshotter = (*Container)(nil)
 // it reached the disk. The freeze lasts only as long as the copy:
 //
 //   - btrfs (a sandbox with a disk limit has a subvolume of its own): a
-//     snapshot of the subvolume, one transaction whatever it holds;
-//   - elsewhere: a copy of the tree, files cloned where the filesystem
-//     shares blocks (xfs with reflink), else copied extent by extent.
+//     snapshot of the subvolume, one transaction whatever it holds (its
+//     dirty data is synced before the freeze, so the transaction is
+//     small);
+//   - elsewhere: a copy of the tree made while the sandbox runs, then
+//     brought up to date while it is frozen (rootfs.Copy: a stat of each
+//     entry, and a copy of what changed meanwhile); files are cloned
+//     where the filesystem shares blocks (xfs with reflink), else copied
+//     extent by extent.
 //
 // Then the sandbox runs on, and the paths to strip are taken out of the
 // copy (rootfs.Strip). The copy is in the sandbox's directory, so it is on
@@ -51,16 +58,29 @@ func (c *Container) Snapshot(ctx context.Context, id string, req backend.Snapsho
 
 	dir := filepath.Join(c.dir(id), "snapshot-"+randomHex(8))
 	rw := c.writableDir(id)
+	upper := filepath.Join(rw, "upper")
 	snap := &backend.Snapshot{Remove: func() error { return diskquota.RemoveTree(dir) }}
+	btrfs := diskquota.IsSubvolume(rw)
+	// While the sandbox runs: its dirty data to disk (a btrfs snapshot
+	// would otherwise write it while the sandbox is frozen), and without
+	// btrfs a first copy, brought up to date while frozen.
+	syncfs(rw)
+	var cp *rootfs.Copy
+	if !btrfs {
+		if cp, _, err = rootfs.StartCopy(upper, dir); err != nil {
+			return nil, errors.Join(fmt.Errorf("snapshot of %s: %w", id, err), snap.Remove())
+		}
+	}
 	start := time.Now()
 	if err := s.cg.base.Freeze(ctx); err != nil {
-		return nil, fmt.Errorf("snapshot of %s: %w", id, err)
+		return nil, errors.Join(fmt.Errorf("snapshot of %s: %w", id, err), snap.Remove())
 	}
-	if err = diskquota.Snapshot(rw, dir); err == nil {
+	if btrfs {
+		err = diskquota.Snapshot(rw, dir)
 		snap.Upper, snap.Method = filepath.Join(dir, "upper"), "btrfs-snapshot"
-	} else if errors.Is(err, errors.ErrUnsupported) {
+	} else {
 		var st rootfs.CopyStats
-		st, err = rootfs.CopyTree(filepath.Join(rw, "upper"), dir)
+		st, err = cp.Update()
 		snap.Upper, snap.Method = dir, "copy"
 		if st.Reflink {
 			snap.Method = "reflink"
@@ -91,4 +111,15 @@ func (c *Container) Snapshot(ctx context.Context, id string, req backend.Snapsho
 		}
 	}
 	return snap, nil
+}
+
+// syncfs writes the dirty data of dir's filesystem; best effort (a
+// failure only makes the freeze that follows longer).
+func syncfs(dir string) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	unix.Syncfs(fd)
+	unix.Close(fd)
 }
