@@ -107,6 +107,11 @@ func TestOpenAPIMatchesTypes(t *testing.T) {
 		"FnRuntime":            api.FnRuntime{},
 		"FnRuntimeList":        api.FnRuntimeList{},
 		"SandboxStats":         api.SandboxStats{},
+		"SnapshotRequest":      api.SnapshotRequest{},
+		"Snapshot":             api.Snapshot{},
+		"SnapshotStats":        api.SnapshotStats{},
+		"SnapshotList":         api.SnapshotList{},
+		"ForkRequest":          api.ForkRequest{},
 		"ExecEvent":            api.ExecEvent{},
 	} {
 		s, ok := doc.Components.Schemas[name]
@@ -124,6 +129,7 @@ func TestOpenAPIMatchesTypes(t *testing.T) {
 		}
 	}
 	for _, p := range []string{"/v1/fn/run", "/v1/fn/batch", "/v1/fn/runtimes", "/v1/sandboxes/{id}/stats",
+		"/v1/sandboxes/{id}/snapshot", "/v1/sandboxes/{id}/fork", "/v1/snapshots", "/v1/snapshots/{ref}",
 		"/v1/sandboxes/{id}/ports/{port}/{path}", "/v1/sandboxes/{id}/portforward/{port}"} {
 		if _, ok := doc.Paths[p]; !ok {
 			t.Errorf("path %s is not documented", p)
@@ -154,7 +160,8 @@ func TestOpenAPIErrorCodes(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, code := range []string{api.CodeRuntimeNotFound, api.CodeRuntimeUnavailable, api.CodeFnOverloaded,
-		api.CodeTooLarge, api.CodeNoCapacity, api.CodeNoMatchingNode, api.CodePortUnreachable} {
+		api.CodeTooLarge, api.CodeNoCapacity, api.CodeNoMatchingNode, api.CodePortUnreachable,
+		api.CodeSnapshotNotFound, api.CodeSnapshotTooSparse} {
 		if !strings.Contains(string(b), code) {
 			t.Errorf("openapi.yaml does not list error code %s", code)
 		}

@@ -464,6 +464,54 @@ class Client:
         """A running sandbox's resource use now: cpu_seconds, memory, memory_peak (bytes), pids."""
         return self._json("GET", f"/v1/sandboxes/{sid}/stats")
 
+    # -- snapshots and forks -----------------------------------------------
+
+    def snapshot(self, sid: str, name: str = "", version: str = "", *, strip: Optional[List[str]] = None,
+                 labels: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+        """Turn what running sandbox sid wrote into the environment
+        name@version (default: the snapshot's id, the next version); the
+        sandbox runs on. strip leaves paths out. Returns the snapshot
+        (its "ref" is the environment to create sandboxes from; "stats"
+        has freeze_ms, how long the sandbox was held still)."""
+        body: Dict[str, Any] = {}
+        if name:
+            body["name"] = name
+        if version:
+            body["version"] = version
+        if strip:
+            body["strip"] = list(strip)
+        if labels:
+            body["labels"] = dict(labels)
+        return self._json("POST", "/v1/sandboxes/%s/snapshot" % urllib.parse.quote(sid, safe=""), body=body)
+
+    def fork(self, sid: str, count: int = 1, *, labels: Optional[Dict[str, str]] = None,
+             all_or_none: bool = True) -> List[Dict[str, Any]]:
+        """Make count sandboxes from running sandbox sid's state now, each
+        isolated from the others and from sid, which runs on. Returns the
+        new sandboxes (with all_or_none=False, those made; the others'
+        errors are logged in the answer fork_result() returns)."""
+        return self.fork_result(sid, count, labels=labels, all_or_none=all_or_none)["sandboxes"]
+
+    def fork_result(self, sid: str, count: int = 1, *, labels: Optional[Dict[str, str]] = None,
+                    all_or_none: bool = True) -> Dict[str, Any]:
+        """fork's whole answer: "snapshot", "gang", "sandboxes", "errors"."""
+        body: Dict[str, Any] = {"count": count, "all_or_none": all_or_none}
+        if labels:
+            body["labels"] = dict(labels)
+        return self._json("POST", "/v1/sandboxes/%s/fork" % urllib.parse.quote(sid, safe=""), body=body)
+
+    def list_snapshots(self, source: str = "") -> List[Dict[str, Any]]:
+        """The snapshots in this token's scope, oldest first; source keeps
+        those taken of that sandbox."""
+        path = "/v1/snapshots"
+        if source:
+            path += "?" + urllib.parse.urlencode({"source": source})
+        return self._json("GET", path)["snapshots"]
+
+    def get_snapshot(self, ref: str) -> Dict[str, Any]:
+        """A snapshot by id or by its environment's name@version."""
+        return self._json("GET", "/v1/snapshots/" + urllib.parse.quote(ref, safe="@"))
+
     # -- ports ------------------------------------------------------------
 
     def port_url(self, sid: str, port: int, path: str = "/") -> str:
