@@ -170,3 +170,29 @@ func CheckFork(req *ForkRequest) error {
 	}
 	return CheckLabels("labels", req.Labels, MaxLabels)
 }
+
+// Lineage is the tree of GET /v1/snapshots/{ref}/lineage: where a
+// snapshot (or a sandbox) comes from and what came of it.
+type Lineage struct {
+	// Ancestors are the snapshots it descends from, the oldest first,
+	// each taken of a sandbox made from the one before; Base the
+	// environment the oldest was taken on.
+	Ancestors []Snapshot `json:"ancestors"`
+	Base      string     `json:"base,omitempty"`
+	// Root is what was asked about, with everything made from it.
+	Root LineageNode `json:"root"`
+}
+
+// LineageNode is a snapshot or a sandbox in a Lineage: a snapshot's
+// children are the sandboxes made from it (forks among them) and the
+// snapshots taken of sandboxes no longer there; a sandbox's, the
+// snapshots taken of it.
+type LineageNode struct {
+	Snapshot *Snapshot     `json:"snapshot,omitempty"`
+	Sandbox  *Sandbox      `json:"sandbox,omitempty"`
+	Children []LineageNode `json:"children,omitempty"`
+}
+
+// CodeSnapshotInUse is the 409 of deleting a snapshot that others build
+// on (snapshots of sandboxes made from it, live sandboxes), unless forced.
+const CodeSnapshotInUse = "snapshot_in_use"

@@ -69,3 +69,33 @@ func (c *Client) Fork(ctx context.Context, id string, req api.ForkRequest) (*api
 	}
 	return &out, nil
 }
+
+// DeleteSnapshot deletes a snapshot (by id or name@version) with its
+// environment, and its diff layer unless something builds on it. A
+// snapshot that live sandboxes or other snapshots build on is refused
+// (409 snapshot_in_use) unless force.
+func (c *Client) DeleteSnapshot(ctx context.Context, ref string, force bool) error {
+	p, err := refPath("/v1/snapshots/", ref)
+	if err != nil {
+		return err
+	}
+	var q url.Values
+	if force {
+		q = url.Values{"force": {"true"}}
+	}
+	return c.doJSON(ctx, http.MethodDelete, p, q, nil, nil)
+}
+
+// Lineage returns where a snapshot, or a sandbox (by id), comes from and
+// the tree of what was made from it.
+func (c *Client) Lineage(ctx context.Context, ref string) (*api.Lineage, error) {
+	p, err := refPath("/v1/snapshots/", ref)
+	if err != nil {
+		return nil, err
+	}
+	var l api.Lineage
+	if err := c.doJSON(ctx, http.MethodGet, p+"/lineage", nil, nil, &l); err != nil {
+		return nil, err
+	}
+	return &l, nil
+}

@@ -87,7 +87,7 @@ parent's node when it has room. Prints their ids, one a line.`,
 // newSnapshotCmd is `warren snapshot ls|get`.
 func newSnapshotCmd(a *app) *cobra.Command {
 	snap := &cobra.Command{Use: "snapshot", Aliases: []string{"snapshots", "snap"}, Short: "List and show sandbox snapshots"}
-	snap.AddCommand(newSnapshotLsCmd(a), newSnapshotGetCmd(a))
+	snap.AddCommand(newSnapshotLsCmd(a), newSnapshotGetCmd(a), newSnapshotRmCmd(a), newSnapshotLineageCmd(a))
 	return snap
 }
 
@@ -122,6 +122,80 @@ func newSnapshotGetCmd(a *app) *cobra.Command {
 	}, "text", func(cmd *cobra.Command, args []string) (*api.Snapshot, error) {
 		return a.client().GetSnapshot(cmd.Context(), args[0])
 	}, printSnapshot)
+}
+
+func newSnapshotRmCmd(a *app) *cobra.Command {
+	var force bool
+	c := &cobra.Command{
+		Use:     "rm SNAP [SNAP...] [--force]",
+		Aliases: []string{"delete", "remove"},
+		Short:   "Remove snapshots with their environments (refused while others build on one, unless --force)",
+		Args:    minArgs(1, "one or more snapshot ids or NAME@VERSIONs"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var failed int
+			for _, ref := range args {
+				if err := a.client().DeleteSnapshot(cmd.Context(), ref, force); err != nil {
+					fmt.Fprintf(a.stderr, "warren: %s: %v\n", ref, err)
+					failed++
+					continue
+				}
+				fmt.Fprintln(a.stdout, ref)
+			}
+			if failed > 0 {
+				return fmt.Errorf("%d of %d not removed", failed, len(args))
+			}
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&force, "force", false, "remove even what live sandboxes or other snapshots build on (their layers stay)")
+	return c
+}
+
+func newSnapshotLineageCmd(a *app) *cobra.Command {
+	return showCmd(a, &cobra.Command{
+		Use:   "lineage SBX|SNAP",
+		Short: "Show where a snapshot or sandbox comes from and everything made from it",
+		Args:  exactArgs(1, "one sandbox id, snapshot id or NAME@VERSION"),
+	}, "tree", func(cmd *cobra.Command, args []string) (*api.Lineage, error) {
+		return a.client().Lineage(cmd.Context(), args[0])
+	}, func(w io.Writer, l *api.Lineage) error {
+		now := time.Now()
+		fmt.Fprintf(w, "%s\n", orDash(l.Base))
+		indent := "  "
+		for _, s := range l.Ancestors {
+			fmt.Fprintf(w, "%s└ %s\n", indent, snapshotLine(&s, now))
+			indent += "  "
+		}
+		var walk func(n api.LineageNode, indent string)
+		walk = func(n api.LineageNode, indent string) {
+			if n.Snapshot != nil {
+				fmt.Fprintf(w, "%s└ %s\n", indent, snapshotLine(n.Snapshot, now))
+			} else if n.Sandbox != nil {
+				sb := n.Sandbox
+				what := "sandbox"
+				if sb.Labels[api.LabelForkOf] != "" {
+					what = "fork of " + sb.Labels[api.LabelForkOf]
+				}
+				fmt.Fprintf(w, "%s└ %s %s (%s, %s, created %s ago)\n", indent, what, sb.ID, sb.State, sb.Image, age(sb.CreatedAt, now))
+			}
+			for _, c := range n.Children {
+				walk(c, indent+"  ")
+			}
+		}
+		walk(l.Root, indent)
+		return nil
+	})
+}
+
+func snapshotLine(s *api.Snapshot, now time.Time) string {
+	line := fmt.Sprintf("snapshot %s = %s of %s", s.ID, s.Ref, s.Source)
+	if len(s.Labels) > 0 {
+		line += " [" + kvList(s.Labels, ",") + "]"
+	}
+	if s.CreatedBy != "" {
+		line += " by " + s.CreatedBy
+	}
+	return line + ", " + age(s.CreatedAt, now) + " ago"
 }
 
 func printSnapshot(w io.Writer, s *api.Snapshot) error {

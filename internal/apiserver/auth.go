@@ -91,9 +91,11 @@ var routeRules = map[string]rule{
 	"POST /v1/sandboxes/{id}/snapshot": {action: iam.ActionEnvironmentWrite},
 	// A fork is a create (of sandboxes only its maker and its project
 	// see): a runner's.
-	"POST /v1/sandboxes/{id}/fork":      {action: iam.ActionSandboxCreate},
-	"GET /v1/snapshots":                 {action: iam.ActionRead},
-	"GET /v1/snapshots/{ref...}":        {action: iam.ActionRead},
+	"POST /v1/sandboxes/{id}/fork": {action: iam.ActionSandboxCreate},
+	"GET /v1/snapshots":            {action: iam.ActionRead},
+	"GET /v1/snapshots/{ref...}":   {action: iam.ActionRead},
+	// Builders delete snapshots in their scope (deleteSnapshot checks it).
+	"DELETE /v1/snapshots/{ref...}":     {action: iam.ActionEnvironmentWrite},
 	"PATCH /v1/sandboxes/{id}/network":  {action: iam.ActionSandboxNetwork},
 	"GET /v1/images":                    {action: iam.ActionRead},
 	"GET /v1/images/{name...}":          {action: iam.ActionRead, node: true},

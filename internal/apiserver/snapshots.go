@@ -9,12 +9,14 @@ import (
 	"maps"
 	"net/http"
 	"net/url"
+	"strings"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/httperr"
 	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/image"
+	"github.com/warrenhq/warren/internal/node"
 )
 
 // Snapshotter is what the snapshot routes need of the layer store;
@@ -23,6 +25,7 @@ type Snapshotter interface {
 	RegisterSnapshot(ctx context.Context, spec image.SnapshotSpec) (api.Snapshot, error)
 	GetSnapshot(ctx context.Context, ref string) (api.Snapshot, error)
 	ListSnapshots(ctx context.Context) ([]api.Snapshot, error)
+	DeleteSnapshot(ctx context.Context, ref string, users []string, force bool, live map[string][]string) error
 }
 
 // snapshotRoutes registers the snapshot of a sandbox (served here, not
@@ -31,7 +34,10 @@ func (s *Server) snapshotRoutes(auth func(handler) http.Handler) {
 	s.mux.Handle("POST /v1/sandboxes/{id}/snapshot", auth(s.changesImages(s.snapshotSandbox)))
 	s.mux.Handle("POST /v1/sandboxes/{id}/fork", auth(s.changesImages(s.forkSandbox)))
 	s.mux.Handle("GET /v1/snapshots", auth(s.listSnapshots))
+	// {ref...}: names may hold "/"; a trailing "/lineage" asks for the
+	// lineage (lineage.go).
 	s.mux.Handle("GET /v1/snapshots/{ref...}", auth(s.getSnapshot))
+	s.mux.Handle("DELETE /v1/snapshots/{ref...}", auth(s.changesImages(s.deleteSnapshot)))
 }
 
 func (s *Server) snapshotter() (Snapshotter, error) {
@@ -78,6 +84,9 @@ func (s *Server) snapshotSandbox(w http.ResponseWriter, r *http.Request) error {
 		ref := req.Name + "@" + req.Version
 		if _, err := s.cfg.Layers.GetEnv(r.Context(), ref); err == nil {
 			return errdefs.New(errdefs.ErrConflict, api.CodeEnvExists, "environment %s already exists", ref)
+		}
+		if _, err := s.cfg.Layers.DescribeLayer(r.Context(), ref); err == nil {
+			return errdefs.New(errdefs.ErrConflict, api.CodeLayerExists, "layer %s already exists", ref)
 		}
 	}
 	snap, _, err := s.takeSnapshot(r.Context(), sn, n, id, req)
@@ -184,14 +193,61 @@ func (s *Server) getSnapshot(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	ref := r.PathValue("ref")
-	snap, err := sn.GetSnapshot(r.Context(), ref)
+	if of, ok := strings.CutSuffix(ref, "/lineage"); ok {
+		return s.lineage(w, r, sn, of) // lineage.go
+	}
+	snap, err := s.visibleSnapshot(r.Context(), sn, ref)
 	if err != nil {
 		return err
 	}
-	if p := principal(r.Context()); !iam.InScope(p.Project, snap.Project) {
-		return errdefs.New(errdefs.ErrNotFound, api.CodeSnapshotNotFound, "snapshot %s not found", ref)
-	}
 	return writeJSON(w, http.StatusOK, snap)
+}
+
+// visibleSnapshot returns snapshot ref if it is in the caller's scope; one
+// outside it answers as a missing one.
+func (s *Server) visibleSnapshot(ctx context.Context, sn Snapshotter, ref string) (api.Snapshot, error) {
+	snap, err := sn.GetSnapshot(ctx, ref)
+	if err != nil {
+		return api.Snapshot{}, err
+	}
+	if p := principal(ctx); !iam.InScope(p.Project, snap.Project) {
+		return api.Snapshot{}, errdefs.New(errdefs.ErrNotFound, api.CodeSnapshotNotFound, "snapshot %s not found", ref)
+	}
+	return snap, nil
+}
+
+// deleteSnapshot deletes a snapshot, refusing (409 snapshot_in_use) one
+// that live sandboxes or other snapshots build on unless ?force=true.
+func (s *Server) deleteSnapshot(w http.ResponseWriter, r *http.Request) error {
+	sn, err := s.snapshotter()
+	if err != nil {
+		return err
+	}
+	ctx := r.Context()
+	snap, err := s.visibleSnapshot(ctx, sn, r.PathValue("ref"))
+	if err != nil {
+		return err
+	}
+	force := r.URL.Query().Get("force") == "true"
+	list, err := s.cluster.List(ctx, node.Filter{})
+	if err != nil {
+		return err
+	}
+	var users []string
+	for _, sb := range list {
+		if sb.Image == snap.Ref {
+			users = append(users, sb.ID)
+		}
+	}
+	live, err := s.liveLayers(ctx)
+	if err != nil {
+		return err
+	}
+	if err := sn.DeleteSnapshot(ctx, snap.ID, users, force, live); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
 }
 
 // callNode makes one JSON call on sandbox id at its node, POST

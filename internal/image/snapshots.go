@@ -303,3 +303,55 @@ func decodeSnapshot(b []byte) (api.Snapshot, error) {
 func snapshotNotFound(s string) error {
 	return errdefs.New(errdefs.ErrNotFound, api.CodeSnapshotNotFound, "snapshot %s not found", s)
 }
+
+// DeleteSnapshot deletes a snapshot (by id or name@version): its record,
+// its environment, and its diff layer unless something still builds on
+// it (the layer then stays until nothing does; GC keeps its blobs). users
+// are the live sandboxes made from its environment. A snapshot that
+// others build on (snapshots taken of sandboxes made from it, or users)
+// is refused with 409 snapshot_in_use unless force. ErrNotFound (code
+// snapshot_not_found).
+func (r *Registry) DeleteSnapshot(ctx context.Context, s string, users []string, force bool, live map[string][]string) error {
+	snap, err := r.GetSnapshot(ctx, s)
+	if err != nil {
+		return err
+	}
+	all, err := r.ListSnapshots(ctx)
+	if err != nil {
+		return err
+	}
+	var children []string
+	for _, c := range all {
+		if c.Parent == snap.ID {
+			children = append(children, c.ID+" ("+c.Ref+")")
+		}
+	}
+	if (len(children) > 0 || len(users) > 0) && !force {
+		var why []string
+		if len(children) > 0 {
+			why = append(why, "snapshot"+plural(len(children))+" "+strings.Join(children, ", "))
+		}
+		if len(users) > 0 {
+			why = append(why, "live sandbox"+pluralES(len(users))+" "+strings.Join(users, ", "))
+		}
+		return errdefs.New(errdefs.ErrConflict, api.CodeSnapshotInUse, "snapshot %s (%s) is built on by %s: delete those first, or force",
+			snap.ID, snap.Ref, strings.Join(why, " and "))
+	}
+	if err := r.st.Delete(ctx, snapshotsPrefix+snap.ID); err != nil {
+		return fmt.Errorf("delete snapshot %s: %w", snap.ID, err)
+	}
+	if err := r.DeleteEnv(ctx, snap.Ref); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		return err
+	}
+	// The diff layer goes unless something builds on it; then it stays,
+	// and its blobs with it.
+	if err := r.DeleteLayer(ctx, snap.Layer.Ref, live); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		if !errors.Is(err, errdefs.ErrConflict) {
+			return err
+		}
+		r.log.Info("snapshot deleted; its layer stays", "snapshot", snap.ID, "layer", snap.Layer.Ref, "why", err)
+		return nil
+	}
+	r.log.Info("snapshot deleted", "snapshot", snap.ID, "env", snap.Ref)
+	return nil
+}

@@ -77,6 +77,20 @@ func TestUpSnapshot(t *testing.T) {
 		}
 	}
 
+	// Lineage: from a snapshot down, and from a sandbox up.
+	var lin api.Lineage
+	mustJSON(t, c.MustRun("snapshot", "lineage", snap.ID, "-o", "json"), &lin)
+	if lin.Root.Snapshot == nil || lin.Root.Snapshot.ID != snap.ID || lin.Base != "busybox@1" || !hasChild(lin.Root, b, snap2.ID) {
+		t.Errorf("lineage of %s: %+v; want sandbox %s under it, and %s under that", snap.ID, lin, b, snap2.ID)
+	}
+	mustJSON(t, c.MustRun("snapshot", "lineage", c2, "-o", "json"), &lin)
+	if len(lin.Ancestors) != 2 || lin.Ancestors[0].ID != snap.ID || lin.Ancestors[1].ID != snap2.ID || lin.Root.Sandbox == nil {
+		t.Errorf("lineage of sandbox %s: %+v; want ancestors %s, %s", c2, lin, snap.ID, snap2.ID)
+	}
+	if out := c.MustRun("snapshot", "lineage", c2); !strings.Contains(out, "busybox@1") || !strings.Contains(out, c2) {
+		t.Errorf("lineage tree:\n%s", out)
+	}
+
 	// The Python SDK's calls: snapshot, fork (the branches, isolated from
 	// each other), listing and lookup.
 	if _, err := exec.LookPath("python3"); err == nil {
@@ -94,6 +108,9 @@ r = c.exec(kids[1]["id"], cmd="cat /work/artifact; cat /work/branch 2>/dev/null 
 assert r.stdout == b"built\nisolated\n", r.stdout
 assert any(s["id"] == snap["id"] for s in c.list_snapshots(source=src))
 assert c.get_snapshot("py-snap@1")["id"] == snap["id"]
+lin = c.lineage(kids[0]["id"])
+assert lin["ancestors"][-1]["id"] == kids[0]["labels"]["warren.dev/snapshot"], lin
+c.delete_snapshot("py-snap@1")
 print("ok")
 `
 		sdk, _ := filepath.Abs(filepath.Join("..", "..", "sdk", "python")) // tests run in test/e2e
@@ -125,6 +142,36 @@ print("ok")
 	if out := c.MustRun("exec", src, "--sh", "cat /work/artifact"); out != "built\n" {
 		t.Errorf("the source after refused snapshots: %q", out)
 	}
+
+	// Removal: refused while built on, unless forced; the forced one's
+	// sandbox runs on.
+	if _, stderr, code := c.Run("snapshot", "rm", "task-7@2"); code == 0 || !strings.Contains(stderr, "snapshot_in_use") {
+		t.Errorf("rm of a snapshot a live sandbox uses: exit %d, %q", code, stderr)
+	}
+	c.MustRun("sandbox", "rm", c2)
+	c.MustRun("snapshot", "rm", "task-7@2")
+	if _, stderr, code := c.Run("env", "get", "task-7@2"); code == 0 || !strings.Contains(stderr, "env_not_found") {
+		t.Errorf("the environment of a removed snapshot: exit %d, %q", code, stderr)
+	}
+	c.MustRun("snapshot", "rm", "--force", "task-7@1")
+	if out := c.MustRun("exec", b, "--sh", "cat /work/artifact"); out != "built\n" {
+		t.Errorf("a sandbox of a force-removed snapshot: %q", out)
+	}
+}
+
+// hasChild says whether n has a sandbox child id with a snapshot child
+// snap.
+func hasChild(n api.LineageNode, id, snap string) bool {
+	for _, c := range n.Children {
+		if c.Sandbox != nil && c.Sandbox.ID == id {
+			for _, g := range c.Children {
+				if g.Snapshot != nil && g.Snapshot.ID == snap {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 func mustJSON(t *testing.T, s string, v any) {

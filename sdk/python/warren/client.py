@@ -510,7 +510,21 @@ class Client:
 
     def get_snapshot(self, ref: str) -> Dict[str, Any]:
         """A snapshot by id or by its environment's name@version."""
-        return self._json("GET", "/v1/snapshots/" + urllib.parse.quote(ref, safe="@"))
+        return self._json("GET", "/v1/snapshots/" + urllib.parse.quote(ref, safe="@/"))
+
+    def lineage(self, ref: str) -> Dict[str, Any]:
+        """Where a snapshot (id or name@version) or a sandbox (id) comes
+        from ("ancestors", "base") and the tree of what was made from it
+        ("root": nodes with "snapshot" or "sandbox" and "children")."""
+        return self._json("GET", "/v1/snapshots/" + urllib.parse.quote(ref, safe="@/") + "/lineage")
+
+    def delete_snapshot(self, ref: str, force: bool = False) -> None:
+        """Remove a snapshot with its environment; refused (409
+        snapshot_in_use) while others build on it, unless force."""
+        path = "/v1/snapshots/" + urllib.parse.quote(ref, safe="@/")
+        if force:
+            path += "?force=true"
+        self._json("DELETE", path)
 
     # -- ports ------------------------------------------------------------
 
