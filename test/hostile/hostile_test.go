@@ -95,6 +95,7 @@ var attacks = []struct {
 	{"EscapeDeletion", testEscapeDeletion},
 	{"OtherSandboxes", testOtherSandboxes},
 	{"ExecRace", testExecRace},
+	{"SnapshotPlant", testSnapshotPlant},
 	{"PortScan", testPortScan},
 	{"Egress", testEgress},
 }

@@ -2,6 +2,7 @@ package hostile
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -365,5 +366,38 @@ func testExecRace(t *testing.T, p *platform) {
 	t.Logf("%d execs; the racer saw %d processes in %d scans, %d of them the platform's", n, seen, scans, platform)
 	if breaches != 0 || seen == 0 {
 		t.Errorf("exerace: %s", r.Stdout)
+	}
+}
+
+// An agent whose sandbox is snapshotted (it becomes another agent's
+// environment) plants what would lead the copy or its consumer out:
+// symlinks to the host's root and up past its own, and a sparse file
+// that would make the snapshot cost hours. The sparse file is refused
+// (snapshot_too_sparse) with the sandbox running on; once it is gone the
+// snapshot is taken, and in a sandbox made from it the links are links,
+// resolved in that sandbox's own root.
+func testSnapshotPlant(t *testing.T, p *platform) {
+	id := p.sandbox(t)
+	p.sh(t, id, "mkdir -p /work && ln -s /proc/1/root /work/host && ln -s ../../../../../../etc /work/up && "+
+		"dd if=/dev/zero of=/work/huge bs=1 count=0 seek=2G 2>/dev/null && echo planted")
+	ctx := context.Background()
+	_, err := p.c.Snapshot(ctx, id, api.SnapshotRequest{})
+	var ae *client.Error
+	if !errors.As(err, &ae) || ae.Code != api.CodeSnapshotTooSparse {
+		t.Fatalf("snapshot with 2 GiB of holes: %v, want %s", err, api.CodeSnapshotTooSparse)
+	}
+	if r := p.sh(t, id, "rm /work/huge && echo ok"); r.Stdout != "ok\n" {
+		t.Fatalf("the sandbox after a refused snapshot: %+v", r)
+	}
+	snap, err := p.c.Snapshot(ctx, id, api.SnapshotRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := p.sandbox(t, func(r *api.CreateSandboxRequest) { r.Image = snap.Ref })
+	r := p.sh(t, other, "readlink /work/host; readlink /work/up; cat /work/up/passwd | head -1")
+	lines := strings.Split(strings.TrimSpace(r.Stdout), "\n")
+	if len(lines) < 3 || lines[0] != "/proc/1/root" || lines[1] != "../../../../../../etc" ||
+		lines[2] != "root:x:0:0:root:/root:/bin/sh" {
+		t.Errorf("the links in a sandbox from the snapshot: %q, %q", r.Stdout, r.Stderr)
 	}
 }
