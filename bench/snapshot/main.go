@@ -169,8 +169,8 @@ func (p *peer) snapshotRound(ctx context.Context, res results, mb int) error {
 	defer p.c.DeleteSandbox(context.WithoutCancel(ctx), sb.ID)
 	half := mb << 19 // bytes
 	script := fmt.Sprintf(`set -e; mkdir -p /work/small /work/large
-head -c %d /dev/urandom | split -a 5 -b 16384 - /work/small/f
-for i in 1 2 3 4; do head -c %d /dev/urandom > /work/large/l$i; done`, half, half/4)
+n=0; while [ $n -lt %d ]; do head -c 16384 /dev/urandom > /work/small/f$n; n=$((n+1)); done
+for i in 1 2 3 4; do head -c %d /dev/urandom > /work/large/l$i; done`, half/16384, half/4)
 	if r, err := p.c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: script, Timeout: api.Duration(10 * time.Minute)}); err != nil {
 		return err
 	} else if r.ExitCode != 0 {

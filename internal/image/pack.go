@@ -21,8 +21,9 @@ import (
 //
 // The image keeps what overlayfs reads in a lower layer: owners, modes,
 // mtimes, xattrs (trusted.overlay.opaque), whiteouts (0/0 character
-// devices) and hard links; sparse files stay sparse (WithSparse), so a
-// file a sandbox truncated to a terabyte costs its data, not its size.
+// devices) and hard links; sparse files stay sparse (WithSparse, where the
+// tree has holes), so a file a sandbox truncated to a terabyte costs its
+// data, not its size.
 func (c *Cache) Pack(ctx context.Context, dir, parent string) (api.PackResult, error) {
 	start := time.Now()
 	tree, err := rootfs.Scan(dir)
@@ -43,7 +44,13 @@ func (c *Cache) Pack(ctx context.Context, dir, parent string) (api.PackResult, e
 	}
 	defer os.RemoveAll(tmp)
 	file := filepath.Join(tmp, "layer.erofs")
-	if err := BuildEROFS(ctx, dir, file, WithSparse()); err != nil {
+	var opts []BuildOption
+	if tree.Holes > 0 {
+		// Chunked, to keep the holes: it costs a hash per 4 KiB of
+		// every file, so only where there are holes to keep.
+		opts = append(opts, WithSparse())
+	}
+	if err := BuildEROFS(ctx, dir, file, opts...); err != nil {
 		return api.PackResult{}, fmt.Errorf("pack: %w", err)
 	}
 	m, digest, st, err := Pack(ctx, c.bs, file, api.LayerDiff, parent)
