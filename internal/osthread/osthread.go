@@ -11,7 +11,9 @@
 package osthread
 
 import (
+	"os/exec"
 	"runtime"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
@@ -35,3 +37,41 @@ func Run(f func() error) error {
 	}()
 	return <-done
 }
+
+// Start starts cmd from one of a few OS threads that live as long as the
+// process. A child's parent-death signal (PR_SET_PDEATHSIG, which
+// warren-enter sets on itself) fires when the thread that forked it ends,
+// not the process; and Go ends a thread whenever a goroutine ends locked
+// to it (Run's do), so a child forked from whatever thread a goroutine
+// happened to run on could be killed by an unrelated Run later. Wait may
+// be called from anywhere.
+func Start(cmd *exec.Cmd) error {
+	spawnOnce.Do(func() {
+		spawns = make(chan spawnReq)
+		for range spawners {
+			go func() {
+				runtime.LockOSThread() // for good: this thread never ends
+				for r := range spawns {
+					r.done <- r.cmd.Start()
+				}
+			}()
+		}
+	})
+	done := make(chan error, 1)
+	spawns <- spawnReq{cmd, done}
+	return <-done
+}
+
+// spawners is how many threads Start forks from: forks take ~0.1-1 ms,
+// and a few at once keep concurrent execs from queueing.
+const spawners = 4
+
+type spawnReq struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+var (
+	spawnOnce sync.Once
+	spawns    chan spawnReq
+)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/osthread"
 	"github.com/warrenhq/warren/internal/rootfs"
 )
 
@@ -316,7 +317,9 @@ func (c *Container) startEnter(s *sandbox, sub string, e *enterRequest, req back
 	}
 	go func() { copying.Wait(); close(x.outputs) }()
 	x.start = time.Now()
-	if err := cmd.Start(); err != nil {
+	// From a thread that never ends: warren-enter dies with the thread
+	// that forked it (PDEATHSIG).
+	if err := osthread.Start(cmd); err != nil {
 		return nil, err
 	}
 	x.cmd = cmd
