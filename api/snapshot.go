@@ -47,6 +47,10 @@ type Snapshot struct {
 	Labels map[string]string `json:"labels,omitempty"`
 	// Kind is "filesystem": files only, processes start afresh.
 	Kind string `json:"kind"`
+	// Ephemeral: made by a fork, for its branches; garbage collection
+	// removes it once no live sandbox uses it and no snapshot builds on
+	// it (and it is older than the GC grace period).
+	Ephemeral bool `json:"ephemeral,omitempty"`
 	// Stats of the taking.
 	Stats     SnapshotStats `json:"stats"`
 	CreatedBy string        `json:"created_by,omitempty"` // the token that took it

@@ -368,8 +368,10 @@ type GCResult struct {
 	Deleted      int   `json:"deleted"`       // unreferenced, removed
 	DeletedBytes int64 `json:"deleted_bytes"` // their total size
 	Young        int   `json:"young"`         // unreferenced but within the grace period, kept
-	Skipped      bool  `json:"skipped"`       // another collection was running
-	DurationMs   int64 `json:"duration_ms"`
+	// Snapshots are forks' snapshots removed first: nothing used them.
+	Snapshots  int   `json:"snapshots,omitempty"`
+	Skipped    bool  `json:"skipped"` // another collection was running
+	DurationMs int64 `json:"duration_ms"`
 }
 
 // Node pools. Placement keeps work in the on-prem pool and spills

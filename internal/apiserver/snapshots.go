@@ -89,7 +89,7 @@ func (s *Server) snapshotSandbox(w http.ResponseWriter, r *http.Request) error {
 			return errdefs.New(errdefs.ErrConflict, api.CodeLayerExists, "layer %s already exists", ref)
 		}
 	}
-	snap, _, err := s.takeSnapshot(r.Context(), sn, n, id, req)
+	snap, _, err := s.takeSnapshot(r.Context(), sn, n, id, req, false)
 	if err != nil {
 		return err
 	}
@@ -98,7 +98,7 @@ func (s *Server) snapshotSandbox(w http.ResponseWriter, r *http.Request) error {
 
 // takeSnapshot has sandbox id's node n pack it and registers the result;
 // it returns the snapshot and the source as its node described it.
-func (s *Server) takeSnapshot(ctx context.Context, sn Snapshotter, n Node, id string, req api.SnapshotRequest) (api.Snapshot, api.Sandbox, error) {
+func (s *Server) takeSnapshot(ctx context.Context, sn Snapshotter, n Node, id string, req api.SnapshotRequest, ephemeral bool) (api.Snapshot, api.Sandbox, error) {
 	src, err := n.Get(ctx, id)
 	if err != nil {
 		return api.Snapshot{}, api.Sandbox{}, err
@@ -108,7 +108,7 @@ func (s *Server) takeSnapshot(ctx context.Context, sn Snapshotter, n Node, id st
 		return api.Snapshot{}, api.Sandbox{}, err
 	}
 	snap, err := sn.RegisterSnapshot(ctx, image.SnapshotSpec{Name: req.Name, Version: req.Version, Labels: req.Labels,
-		Source: src, Pack: pack, CreatedBy: principal(ctx).TokenID})
+		Source: src, Pack: pack, CreatedBy: principal(ctx).TokenID, Ephemeral: ephemeral})
 	return snap, src, err
 }
 
@@ -136,7 +136,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	snap, src, err := s.takeSnapshot(ctx, sn, n, id, api.SnapshotRequest{Labels: req.Labels})
+	snap, src, err := s.takeSnapshot(ctx, sn, n, id, api.SnapshotRequest{Labels: req.Labels}, true)
 	if err != nil {
 		return err
 	}

@@ -149,6 +149,13 @@ func (r *Registry) waitSweep(ctx context.Context) error {
 func (r *Registry) GC(ctx context.Context, live map[string][]string) (api.GCResult, error) {
 	start := time.Now()
 	var res api.GCResult
+	// Forks' snapshots nothing uses go first, so that their blobs are
+	// collected in the same pass.
+	n, err := r.pruneEphemeral(ctx, live)
+	if err != nil {
+		return res, fmt.Errorf("gc: %w", err)
+	}
+	res.Snapshots = n
 	marker := gcLeaseRecord{ID: randomID()}
 	writeMarker := func(ctx context.Context, version int64) error {
 		marker.ExpiresAt = time.Now().Add(gcLease).UTC()

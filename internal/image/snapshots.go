@@ -44,6 +44,7 @@ type SnapshotSpec struct {
 	Source        api.Sandbox
 	Pack          api.PackResult
 	CreatedBy     string
+	Ephemeral     bool // a fork's (api.Snapshot.Ephemeral)
 }
 
 // NewSnapshotID returns a fresh snapshot id.
@@ -101,6 +102,9 @@ func (r *Registry) RegisterSnapshot(ctx context.Context, spec SnapshotSpec) (api
 	if len(p.Layers) == 0 || p.Parent != p.Layers[len(p.Layers)-1] {
 		return api.Snapshot{}, errdefs.Invalid("snapshot %s: the pack's parent %s is not the source's top layer", ref, p.Parent)
 	}
+	if len(spec.Source.Layers) > 0 && !slices.Equal(spec.Source.Layers, p.Layers) {
+		return api.Snapshot{}, errdefs.Invalid("snapshot %s: packed on layers %v, but the source has %v", ref, p.Layers, spec.Source.Layers)
+	}
 
 	// Pin the diff and the layers under it, then check they are all
 	// there: the diff's chunks may be blobs the node found present and
@@ -144,7 +148,7 @@ func (r *Registry) RegisterSnapshot(ctx context.Context, spec SnapshotSpec) (api
 	snap := api.Snapshot{ID: id, Ref: ref.String(), Name: name, Version: version, Source: spec.Source.ID,
 		SourceImage: spec.Source.Image, Parent: parent, Project: spec.Source.Project, Layer: diff,
 		Labels: maps.Clone(spec.Labels), Kind: api.SnapshotKindFilesystem, Stats: p.Stats,
-		CreatedBy: spec.CreatedBy, CreatedAt: now}
+		CreatedBy: spec.CreatedBy, CreatedAt: now, Ephemeral: spec.Ephemeral}
 
 	// The records, each taken back if a later one fails.
 	var undo []func()
@@ -354,4 +358,33 @@ func (r *Registry) DeleteSnapshot(ctx context.Context, s string, users []string,
 	}
 	r.log.Info("snapshot deleted", "snapshot", snap.ID, "env", snap.Ref)
 	return nil
+}
+
+// pruneEphemeral deletes the forks' snapshots nothing uses any more: no
+// live sandbox holds their diff layer (live, as GC takes it), no snapshot
+// builds on them, and they are older than the grace period (a fork's
+// branches are created just after its snapshot). It returns how many.
+func (r *Registry) pruneEphemeral(ctx context.Context, live map[string][]string) (int, error) {
+	all, err := r.ListSnapshots(ctx)
+	if err != nil {
+		return 0, err
+	}
+	parents := map[string]bool{}
+	for _, s := range all {
+		parents[s.Parent] = true
+	}
+	n := 0
+	for _, s := range all {
+		if !s.Ephemeral || parents[s.ID] || len(live[s.Layer.Digest]) > 0 || time.Since(s.CreatedAt) < r.grace {
+			continue
+		}
+		if err := r.DeleteSnapshot(ctx, s.ID, nil, false, live); err != nil {
+			if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrConflict) {
+				continue // gone already, or built on since
+			}
+			return n, err
+		}
+		n++
+	}
+	return n, nil
 }
