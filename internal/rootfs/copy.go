@@ -134,15 +134,11 @@ func (c *copier) entry(sfd, dfd int, name, rel string) error {
 		if err := unix.Mkdirat(dfd, name, 0o700); err != nil {
 			return fmt.Errorf("copy %s: %w", rel, err)
 		}
-		s, err := unix.Openat(sfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		s, d, err := openDirs(sfd, dfd, name, rel)
 		if err != nil {
-			return fmt.Errorf("copy %s: %w", rel, err)
+			return err
 		}
 		defer unix.Close(s)
-		d, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("copy %s: %w", rel, err)
-		}
 		defer unix.Close(d)
 		if err := c.dir(s, d, rel); err != nil {
 			return err
@@ -173,6 +169,21 @@ func (c *copier) entry(sfd, dfd int, name, rel string) error {
 		return invalid("copy", rel, fmt.Sprintf("unknown file type %o", typ))
 	}
 	return c.metaAt(sfd, dfd, name, rel, &st)
+}
+
+// openDirs opens the directory name in the source directory sfd and in
+// the copy's dfd, following no symlink.
+func openDirs(sfd, dfd int, name, rel string) (s, d int, err error) {
+	s, err = unix.Openat(sfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, -1, fmt.Errorf("copy %s: %w", rel, err)
+	}
+	d, err = unix.Openat(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		unix.Close(s)
+		return -1, -1, fmt.Errorf("copy %s: %w", rel, err)
+	}
+	return s, d, nil
 }
 
 // file copies a regular file: a clone where the filesystem shares

@@ -165,15 +165,11 @@ func (up *updater) dir(sfd, dfd int, rel string) error {
 }
 
 func (up *updater) subdir(sfd, dfd int, name, rel string, st *unix.Stat_t) error {
-	s, err := unix.Openat(sfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	s, d, err := openDirs(sfd, dfd, name, rel)
 	if err != nil {
-		return fmt.Errorf("copy %s: %w", rel, err)
+		return err
 	}
 	defer unix.Close(s)
-	d, err := unix.Openat(dfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("copy %s: %w", rel, err)
-	}
 	defer unix.Close(d)
 	if err := up.dir(s, d, rel); err != nil {
 		return err
