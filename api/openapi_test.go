@@ -112,6 +112,8 @@ func TestOpenAPIMatchesTypes(t *testing.T) {
 		"SnapshotStats":        api.SnapshotStats{},
 		"SnapshotList":         api.SnapshotList{},
 		"ForkRequest":          api.ForkRequest{},
+		"PublishRequest":       api.PublishRequest{},
+		"EnvCheck":             api.EnvCheck{},
 		"ExecEvent":            api.ExecEvent{},
 	} {
 		s, ok := doc.Components.Schemas[name]

@@ -47,6 +47,9 @@ type Snapshot struct {
 	Labels map[string]string `json:"labels,omitempty"`
 	// Kind is "filesystem": files only, processes start afresh.
 	Kind string `json:"kind"`
+	// Unpublished: the builder's, until its environment is published
+	// (runners see neither).
+	Unpublished bool `json:"unpublished,omitempty"`
 	// Ephemeral: made by a fork, for its branches; garbage collection
 	// removes it once no live sandbox uses it and no snapshot builds on
 	// it (and it is older than the GC grace period).
@@ -200,3 +203,45 @@ type LineageNode struct {
 // CodeSnapshotInUse is the 409 of deleting a snapshot that others build
 // on (snapshots of sandboxes made from it, live sandboxes), unless forced.
 const CodeSnapshotInUse = "snapshot_in_use"
+
+// PublishRequest is the body of POST /v1/environments/{ref}/publish:
+// the environment is published (runners may see it and create from it)
+// only if Check, when given, passes: it runs as `sh -c` in a fresh
+// sandbox made from the environment, and must exit 0 within Timeout
+// (default 10 minutes). Its outcome is kept on the environment either
+// way.
+type PublishRequest struct {
+	Check   string   `json:"check,omitempty"`
+	Timeout Duration `json:"timeout,omitempty"`
+}
+
+// EnvCheck is how a publish check ended.
+type EnvCheck struct {
+	Command    string    `json:"command"`
+	Passed     bool      `json:"passed"`
+	ExitCode   int       `json:"exit_code"`
+	TimedOut   bool      `json:"timed_out,omitempty"`
+	Stdout     string    `json:"stdout"` // at most MaxCheckOutput bytes each
+	Stderr     string    `json:"stderr"`
+	DurationMS float64   `json:"duration_ms"`
+	Sandbox    string    `json:"sandbox"` // where it ran (deleted after)
+	CheckedAt  time.Time `json:"checked_at"`
+}
+
+// MaxCheckOutput bounds the output a publish check keeps.
+const MaxCheckOutput = 64 << 10
+
+// CodeCheckFailed is the 409 of a publish whose check did not pass (the
+// environment stays unpublished; its check says why).
+const CodeCheckFailed = "check_failed"
+
+// CheckPublish checks a publish request's sizes.
+func CheckPublish(req *PublishRequest) error {
+	if err := checkLen("check", req.Check, MaxArgLen); err != nil {
+		return err
+	}
+	if req.Timeout < 0 {
+		return fmt.Errorf("timeout %v: negative", time.Duration(req.Timeout))
+	}
+	return nil
+}

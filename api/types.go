@@ -263,6 +263,8 @@ type Image struct {
 	Workdir    string            `json:"workdir,omitempty"`
 	User       string            `json:"user,omitempty"`
 	Entrypoint []string          `json:"entrypoint,omitempty"`
+	// Unpublished: a builder's snapshot (Environment.Unpublished).
+	Unpublished bool `json:"unpublished,omitempty"`
 }
 
 // ImageList is the body of GET /v1/images.
@@ -328,7 +330,13 @@ type Environment struct {
 	Size       int64             `json:"size"` // sum of the layers' sizes
 	// Snapshot is the id of the snapshot this environment is, if it is
 	// one (its top layer is then the snapshot's diff).
-	Snapshot  string    `json:"snapshot,omitempty"`
+	Snapshot string `json:"snapshot,omitempty"`
+	// Unpublished: a builder's snapshot not published yet (POST
+	// /v1/environments/{ref}/publish). Only builders see it, create from
+	// it or read its check; runners see neither it nor its snapshot.
+	Unpublished bool `json:"unpublished,omitempty"`
+	// Check is the last publish check's outcome (builders only).
+	Check     *EnvCheck `json:"check,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 }
 

@@ -99,3 +99,19 @@ func (c *Client) Lineage(ctx context.Context, ref string) (*api.Lineage, error) 
 	}
 	return &l, nil
 }
+
+// PublishEnvironment publishes environment ref (a builder's snapshot) so
+// that runners see it and create from it: only if req.Check, when given,
+// passes in a fresh sandbox made from it (409 check_failed otherwise;
+// its outcome is kept on the environment either way).
+func (c *Client) PublishEnvironment(ctx context.Context, ref string, req api.PublishRequest) (*api.Environment, error) {
+	p, err := refPath("/v1/environments/", ref)
+	if err != nil {
+		return nil, err
+	}
+	var env api.Environment
+	if err := c.doJSON(ctx, http.MethodPost, p+"/publish", nil, req, &env); err != nil {
+		return nil, err
+	}
+	return &env, nil
+}

@@ -22,7 +22,8 @@ func layerCommands(a *app) []*cobra.Command {
 	env := &cobra.Command{Use: "env", Aliases: []string{"envs", "environment", "environments"},
 		Short: "Compose environments from layers; list and remove them"}
 	groupArgs(env)
-	env.AddCommand(newEnvCreateCmd(a), newEnvUpdateCmd(a), newEnvLsCmd(a), newEnvGetCmd(a), newEnvRmCmd(a), newEnvExportCmd(a))
+	env.AddCommand(newEnvCreateCmd(a), newEnvUpdateCmd(a), newEnvLsCmd(a), newEnvGetCmd(a), newEnvRmCmd(a), newEnvExportCmd(a),
+		newEnvPublishCmd(a))
 	return []*cobra.Command{layer, env}
 }
 
@@ -303,8 +304,62 @@ func newEnvGetCmd(a *app) *cobra.Command {
 			row(tw, "Entrypoint:", strings.Join(env.Entrypoint, " "))
 		}
 		row(tw, "Created:", stamp(env.CreatedAt, now))
+		if env.Snapshot != "" {
+			row(tw, "Snapshot:", env.Snapshot)
+		}
+		if env.Unpublished {
+			row(tw, "Published:", "no (builders only: warren env publish)")
+		}
+		if c := env.Check; c != nil {
+			verdict := "passed"
+			if !c.Passed {
+				verdict = fmt.Sprintf("FAILED (exit %d)", c.ExitCode)
+				if c.TimedOut {
+					verdict = "FAILED (timed out)"
+				}
+			}
+			row(tw, "Check:", fmt.Sprintf("%s: %s in %.0fms, %s", c.Command, verdict, c.DurationMS, stamp(c.CheckedAt, now)))
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			for _, out := range []struct{ name, text string }{{"stdout", c.Stdout}, {"stderr", c.Stderr}} {
+				if out.text != "" {
+					fmt.Fprintf(w, "--- check %s:\n%s", out.name, out.text)
+					if !strings.HasSuffix(out.text, "\n") {
+						fmt.Fprintln(w)
+					}
+				}
+			}
+			return nil
+		}
 		return tw.Flush()
 	})
+}
+
+func newEnvPublishCmd(a *app) *cobra.Command {
+	var req api.PublishRequest
+	var timeout time.Duration
+	c := showCmd(a, &cobra.Command{
+		Use:   "publish NAME@VERSION [--check CMD] [--timeout 10m]",
+		Short: "Publish a snapshot's environment to runners, if its check passes",
+		Long: `Publish an environment made by a snapshot: until then only builders see it
+and create sandboxes from it. With --check, the command runs (sh -c) in a
+fresh sandbox made from the environment and must exit 0 within --timeout
+(default 10m), or the environment stays unpublished; its output and exit
+code are kept on the environment either way (warren env get; builders
+only).`,
+		Example: `  warren env publish swe-task-0042@2 --check 'cd /work && python3 -m pytest -q tests/smoke'`,
+		Args:    exactArgs(1, "one environment ref"),
+	}, "text", func(cmd *cobra.Command, args []string) (*api.Environment, error) {
+		req.Timeout = api.Duration(timeout)
+		return a.client().PublishEnvironment(cmd.Context(), args[0], req)
+	}, func(w io.Writer, env *api.Environment) error {
+		_, err := fmt.Fprintf(w, "published %s\n", env.Ref)
+		return err
+	})
+	c.Flags().StringVar(&req.Check, "check", "", "command that must pass first, in a fresh sandbox from the environment")
+	c.Flags().DurationVar(&timeout, "timeout", 0, "how long the check may run (default 10m)")
+	return c
 }
 
 func newEnvRmCmd(a *app) *cobra.Command {

@@ -105,6 +105,7 @@ var routeRules = map[string]rule{
 	"GET /v1/layers/{ref...}":           {action: iam.ActionRead},
 	"DELETE /v1/layers/{ref...}":        {action: iam.ActionLayerWrite, root: true},
 	"POST /v1/environments":             {action: iam.ActionEnvironmentWrite},
+	"POST /v1/environments/{ref...}":    {action: iam.ActionEnvironmentWrite}, // publish
 	"GET /v1/environments":              {action: iam.ActionRead},
 	"GET /v1/environments/{ref...}":     {action: iam.ActionRead},
 	"DELETE /v1/environments/{ref...}":  {action: iam.ActionEnvironmentWrite, root: true},

@@ -56,6 +56,9 @@ func (s *Server) createGang(ctx context.Context, req api.BatchCreateRequest) (ap
 		return api.BatchCreateResponse{}, 0, err
 	}
 	tmpl.Project = project
+	if err := s.checkPublished(ctx, tmpl.Image); err != nil { // publish.go
+		return api.BatchCreateResponse{}, 0, err
+	}
 	gang, err := newGangID()
 	if err != nil {
 		return api.BatchCreateResponse{}, 0, err

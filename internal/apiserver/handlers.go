@@ -120,10 +120,19 @@ func (s *Server) listImages(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, api.ImageList{Images: imgs})
+	shown := make([]api.Image, 0, len(imgs))
+	for _, img := range imgs {
+		if !img.Unpublished || builder(r.Context()) { // publish.go
+			shown = append(shown, img)
+		}
+	}
+	return writeJSON(w, http.StatusOK, api.ImageList{Images: shown})
 }
 
 func (s *Server) getImage(w http.ResponseWriter, r *http.Request) error {
+	if err := s.checkPublished(r.Context(), r.PathValue("name")); err != nil { // publish.go
+		return err
+	}
 	img, err := s.cfg.Images.Get(r.Context(), r.PathValue("name"))
 	if err != nil {
 		return err

@@ -33,6 +33,7 @@ func (s *Server) layerRoutes(auth func(handler) http.Handler) {
 	s.mux.Handle("GET /v1/layers/{ref...}", auth(s.getLayer))
 	s.mux.Handle("DELETE /v1/layers/{ref...}", auth(s.changesImages(s.deleteLayer)))
 	s.mux.Handle("POST /v1/environments", auth(s.changesImages(s.createEnv)))
+	s.mux.Handle("POST /v1/environments/{ref...}", auth(s.changesImages(s.envVerb)))
 	s.mux.Handle("GET /v1/environments", auth(s.listEnvs))
 	s.mux.Handle("GET /v1/environments/{ref...}", auth(s.getEnv))
 	s.mux.Handle("DELETE /v1/environments/{ref...}", auth(s.changesImages(s.deleteEnv)))
@@ -184,7 +185,13 @@ func (s *Server) listEnvs(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	list = named(list, r.URL.Query().Get("name"), func(e api.Environment) string { return e.Name })
-	return writeJSON(w, http.StatusOK, api.EnvironmentList{Environments: list})
+	shown := make([]api.Environment, 0, len(list))
+	for _, e := range list {
+		if e, ok := forCaller(r.Context(), e); ok { // publish.go
+			shown = append(shown, e)
+		}
+	}
+	return writeJSON(w, http.StatusOK, api.EnvironmentList{Environments: shown})
 }
 
 func (s *Server) getEnv(w http.ResponseWriter, r *http.Request) error {
@@ -196,7 +203,23 @@ func (s *Server) getEnv(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	env, ok := forCaller(r.Context(), env) // publish.go
+	if !ok {
+		return errdefs.New(errdefs.ErrNotFound, api.CodeEnvNotFound, "environment %s not found", r.PathValue("ref"))
+	}
 	return writeJSON(w, http.StatusOK, env)
+}
+
+// envVerb serves POST /v1/environments/{ref}/VERB: publish.
+func (s *Server) envVerb(w http.ResponseWriter, r *http.Request) error {
+	if _, err := s.layers(); err != nil {
+		return err
+	}
+	ref, ok := strings.CutSuffix(r.PathValue("ref"), "/publish")
+	if !ok {
+		return errdefs.New(errdefs.ErrNotFound, api.CodeNotFound, "no route for %s %s", r.Method, r.URL.Path)
+	}
+	return s.publishEnv(w, r, ref) // publish.go
 }
 
 func (s *Server) deleteEnv(w http.ResponseWriter, r *http.Request) error {

@@ -31,7 +31,7 @@ func (s *Server) lineage(w http.ResponseWriter, r *http.Request, sn Snapshotter,
 			sbs = append(sbs, sb)
 		}
 	}
-	t := newLineageTree(all, sbs, scope)
+	t := newLineageTree(all, sbs, scope, builder(ctx))
 
 	var out api.Lineage
 	var from string // the snapshot the ancestors start at
@@ -73,7 +73,7 @@ type lineageTree struct {
 	madeFrom    map[string][]api.Sandbox  // live sandboxes by image
 }
 
-func newLineageTree(all []api.Snapshot, sbs []api.Sandbox, scope string) *lineageTree {
+func newLineageTree(all []api.Snapshot, sbs []api.Sandbox, scope string, unpublished bool) *lineageTree {
 	t := &lineageTree{byID: map[string]api.Snapshot{}, byRef: map[string]api.Snapshot{}, sandboxes: map[string]api.Sandbox{},
 		ofSandbox: map[string][]api.Snapshot{}, children: map[string][]api.Snapshot{}, madeFrom: map[string][]api.Sandbox{}}
 	for _, sb := range sbs {
@@ -81,7 +81,7 @@ func newLineageTree(all []api.Snapshot, sbs []api.Sandbox, scope string) *lineag
 		t.madeFrom[sb.Image] = append(t.madeFrom[sb.Image], sb)
 	}
 	for _, snap := range all {
-		if !iam.InScope(scope, snap.Project) {
+		if !iam.InScope(scope, snap.Project) || snap.Unpublished && !unpublished {
 			continue
 		}
 		t.byID[snap.ID], t.byRef[snap.Ref] = snap, snap

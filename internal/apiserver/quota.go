@@ -50,6 +50,9 @@ func (s *Server) admitCreate(w http.ResponseWriter, r *http.Request, req api.Cre
 		return api.Sandbox{}, err
 	}
 	req.Project = project
+	if err := s.checkPublished(ctx, req.Image); err != nil { // publish.go
+		return api.Sandbox{}, err
+	}
 	key := req.IdempotencyKey
 	if h := r.Header.Get(idempotencyHeader); h != "" {
 		key = h

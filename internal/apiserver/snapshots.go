@@ -180,7 +180,7 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) error {
 	source := r.URL.Query().Get("source")
 	out := api.SnapshotList{Snapshots: []api.Snapshot{}}
 	for _, snap := range all {
-		if iam.InScope(scope, snap.Project) && (source == "" || snap.Source == source) {
+		if iam.InScope(scope, snap.Project) && (source == "" || snap.Source == source) && (!snap.Unpublished || builder(r.Context())) {
 			out.Snapshots = append(out.Snapshots, snap)
 		}
 	}
@@ -210,7 +210,7 @@ func (s *Server) visibleSnapshot(ctx context.Context, sn Snapshotter, ref string
 	if err != nil {
 		return api.Snapshot{}, err
 	}
-	if p := principal(ctx); !iam.InScope(p.Project, snap.Project) {
+	if p := principal(ctx); !iam.InScope(p.Project, snap.Project) || snap.Unpublished && !builder(ctx) {
 		return api.Snapshot{}, errdefs.New(errdefs.ErrNotFound, api.CodeSnapshotNotFound, "snapshot %s not found", ref)
 	}
 	return snap, nil

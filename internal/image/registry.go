@@ -110,13 +110,14 @@ func (r *Registry) List(ctx context.Context) ([]api.Image, error) {
 
 func envImage(e api.Environment) api.Image {
 	img := api.Image{
-		Name:       e.Ref,
-		Size:       e.Size,
-		CreatedAt:  e.CreatedAt,
-		Env:        e.Env,
-		Workdir:    e.Workdir,
-		User:       e.User,
-		Entrypoint: e.Entrypoint,
+		Name:        e.Ref,
+		Size:        e.Size,
+		CreatedAt:   e.CreatedAt,
+		Env:         e.Env,
+		Workdir:     e.Workdir,
+		User:        e.User,
+		Entrypoint:  e.Entrypoint,
+		Unpublished: e.Unpublished,
 	}
 	for _, l := range e.Layers {
 		img.Layers = append(img.Layers, l.Digest)

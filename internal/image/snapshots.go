@@ -133,8 +133,12 @@ func (r *Registry) RegisterSnapshot(ctx context.Context, spec SnapshotSpec) (api
 	layer := api.Layer{Ref: ref.String(), Name: name, Version: version, Kind: api.LayerDiff, Digest: p.Digest,
 		ImageDigest: m.Image, Size: m.Size, Chunks: len(m.Chunks), Parent: p.Parent, CreatedAt: now}
 	diff := api.EnvLayer{Ref: layer.Ref, Kind: layer.Kind, Digest: layer.Digest, Size: layer.Size}
+	// A builder's snapshot is theirs until published; a fork's is its
+	// branches', which the fork's runner made.
+	unpublished := !spec.Ephemeral
 	env := api.Environment{Ref: ref.String(), Name: name, Version: version, Layers: append(under, diff),
-		Env: maps.Clone(spec.Source.Env), Workdir: spec.Source.Workdir, User: spec.Source.User, Snapshot: id, CreatedAt: now}
+		Env: maps.Clone(spec.Source.Env), Workdir: spec.Source.Workdir, User: spec.Source.User, Snapshot: id,
+		Unpublished: unpublished, CreatedAt: now}
 	var parent string
 	if src, err := r.GetEnv(ctx, spec.Source.Image); err == nil && spec.Source.Image != "" {
 		env.Entrypoint, parent = src.Entrypoint, src.Snapshot
@@ -148,7 +152,7 @@ func (r *Registry) RegisterSnapshot(ctx context.Context, spec SnapshotSpec) (api
 	snap := api.Snapshot{ID: id, Ref: ref.String(), Name: name, Version: version, Source: spec.Source.ID,
 		SourceImage: spec.Source.Image, Parent: parent, Project: spec.Source.Project, Layer: diff,
 		Labels: maps.Clone(spec.Labels), Kind: api.SnapshotKindFilesystem, Stats: p.Stats,
-		CreatedBy: spec.CreatedBy, CreatedAt: now, Ephemeral: spec.Ephemeral}
+		CreatedBy: spec.CreatedBy, CreatedAt: now, Ephemeral: spec.Ephemeral, Unpublished: unpublished}
 
 	// The records, each taken back if a later one fails.
 	var undo []func()
@@ -387,4 +391,70 @@ func (r *Registry) pruneEphemeral(ctx context.Context, live map[string][]string)
 		n++
 	}
 	return n, nil
+}
+
+// PublishEnv records a publish check's outcome on environment ref (nil:
+// none was asked for) and publishes it unless the check failed; a
+// snapshot's record follows. ErrNotFound for an unknown environment.
+func (r *Registry) PublishEnv(ctx context.Context, s string, check *api.EnvCheck) (api.Environment, error) {
+	ref, err := ParseRef(s, true)
+	if err != nil {
+		return api.Environment{}, err
+	}
+	for {
+		env, err := r.getEnv(ctx, ref)
+		if err != nil {
+			return api.Environment{}, err
+		}
+		kv, err := r.st.Get(ctx, envKey(Ref{env.Name, env.Version}))
+		if err != nil {
+			return api.Environment{}, err
+		}
+		if check != nil {
+			env.Check = check
+		}
+		env.Unpublished = check != nil && !check.Passed && env.Unpublished
+		val, err := json.Marshal(envRecord{V: recordVersion, Env: env})
+		if err != nil {
+			return api.Environment{}, err
+		}
+		err = r.st.CompareAndPut(ctx, kv.Key, val, kv.Version)
+		if errors.Is(err, errdefs.ErrConflict) {
+			continue // changed meanwhile: again
+		}
+		if err != nil {
+			return api.Environment{}, fmt.Errorf("publish %s: %w", env.Ref, err)
+		}
+		if env.Snapshot != "" {
+			if err := r.setSnapshotUnpublished(ctx, env.Snapshot, env.Unpublished); err != nil {
+				return api.Environment{}, err
+			}
+		}
+		r.log.Info("environment publish", "env", env.Ref, "published", !env.Unpublished, "checked", check != nil)
+		return env, nil
+	}
+}
+
+func (r *Registry) setSnapshotUnpublished(ctx context.Context, id string, unpublished bool) error {
+	for {
+		kv, err := r.st.Get(ctx, snapshotsPrefix+id)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		snap, err := decodeSnapshot(kv.Value)
+		if err != nil {
+			return err
+		}
+		snap.Unpublished = unpublished
+		val, err := json.Marshal(snapshotRecord{V: recordVersion, Snapshot: snap})
+		if err != nil {
+			return err
+		}
+		if err := r.st.CompareAndPut(ctx, kv.Key, val, kv.Version); !errors.Is(err, errdefs.ErrConflict) {
+			return err
+		}
+	}
 }

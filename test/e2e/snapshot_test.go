@@ -143,6 +143,41 @@ print("ok")
 		t.Errorf("the source after refused snapshots: %q", out)
 	}
 
+	// Publishing: a builder's snapshot is invisible to runners until
+	// published, and published only if its check passes; runners never
+	// read a check's output. A runner's fork is its own.
+	runner := strings.TrimSpace(c.MustRun("token", "create", "--role", "runner", "--name", "runner-1"))
+	as := func(args ...string) (string, string, int) { return c.Run(append([]string{"--token", runner}, args...)...) }
+	for _, tc := range [][]string{{"sandbox", "create", "--image", "task-7@1"}, {"env", "get", "task-7@1"}, {"snapshot", "get", "task-7@1"}} {
+		if _, stderr, code := as(tc...); code == 0 || !strings.Contains(stderr, "not_found") {
+			t.Errorf("a runner's %v of an unpublished snapshot: exit %d, %q", tc, code, stderr)
+		}
+	}
+	if _, stderr, code := c.Run("env", "publish", "task-7@1", "--check", "cat /work/artifact; echo nope >&2; exit 3"); code == 0 || !strings.Contains(stderr, "check_failed") {
+		t.Errorf("publish with a failing check: exit %d, %q", code, stderr)
+	}
+	if out := c.MustRun("env", "get", "task-7@1"); !strings.Contains(out, "FAILED (exit 3)") || !strings.Contains(out, "nope") ||
+		!strings.Contains(out, "Published:") {
+		t.Errorf("env get after a failed check:\n%s", out)
+	}
+	if _, _, code := as("sandbox", "create", "--image", "task-7@1"); code == 0 {
+		t.Error("a runner created from an environment whose check failed")
+	}
+	c.MustRun("env", "publish", "task-7@1", "--check", "test -f /work/artifact")
+	r, stderr, code := as("sandbox", "create", "--image", "task-7@1")
+	if code != 0 {
+		t.Fatalf("a runner's create from the published task-7@1: exit %d, %q", code, stderr)
+	}
+	rsb := strings.TrimSpace(r)
+	if out, _, _ := as("env", "get", "task-7@1", "-o", "json"); strings.Contains(out, `"check"`) || strings.Contains(out, "unpublished") {
+		t.Errorf("a runner reads the check of a published environment: %s", out)
+	}
+	if out, stderr, code := as("sandbox", "fork", rsb, "--count", "2"); code != 0 || len(strings.Fields(out)) != 2 {
+		t.Errorf("a runner's fork: exit %d, %q, %q", code, out, stderr)
+	}
+	c.MustRun("sandbox", "rm", "--all", "--label", api.LabelForkOf+"="+rsb)
+	c.MustRun("sandbox", "rm", rsb)
+
 	// Removal: refused while built on, unless forced; the forced one's
 	// sandbox runs on.
 	if _, stderr, code := c.Run("snapshot", "rm", "task-7@2"); code == 0 || !strings.Contains(stderr, "snapshot_in_use") {

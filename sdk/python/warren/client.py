@@ -512,6 +512,18 @@ class Client:
         """A snapshot by id or by its environment's name@version."""
         return self._json("GET", "/v1/snapshots/" + urllib.parse.quote(ref, safe="@/"))
 
+    def publish_environment(self, ref: str, check: str = "", timeout: Any = None) -> Dict[str, Any]:
+        """Publish environment ref (a builder's snapshot) to runners; with
+        check, only if that command passes (exit 0) in a fresh sandbox
+        made from it, else a WarrenError with code "check_failed" (the
+        outcome is on get_environment(ref)["check"])."""
+        body: Dict[str, Any] = {}
+        if check:
+            body["check"] = check
+        if timeout is not None:
+            body["timeout"] = timeout
+        return self._json("POST", "/v1/environments/" + urllib.parse.quote(ref, safe="@/") + "/publish", body=body)
+
     def lineage(self, ref: str) -> Dict[str, Any]:
         """Where a snapshot (id or name@version) or a sandbox (id) comes
         from ("ancestors", "base") and the tree of what was made from it
