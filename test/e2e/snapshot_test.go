@@ -147,7 +147,9 @@ print("ok")
 	// published, and published only if its check passes; runners never
 	// read a check's output. A runner's fork is its own.
 	runner := strings.TrimSpace(c.MustRun("token", "create", "--role", "runner", "--name", "runner-1"))
-	as := func(args ...string) (string, string, int) { return c.Run(append([]string{"--token", runner}, args...)...) }
+	as := func(args ...string) (string, string, int) {
+		return c.Run(append([]string{"--token", runner}, args...)...)
+	}
 	for _, tc := range [][]string{{"sandbox", "create", "--image", "task-7@1"}, {"env", "get", "task-7@1"}, {"snapshot", "get", "task-7@1"}} {
 		if _, stderr, code := as(tc...); code == 0 || !strings.Contains(stderr, "not_found") {
 			t.Errorf("a runner's %v of an unpublished snapshot: exit %d, %q", tc, code, stderr)
