@@ -411,6 +411,12 @@ func TestFnRouter(t *testing.T) {
 func TestFnRouterRetry(t *testing.T) {
 	f := newFnFleet(t, map[string][]string{"a1": {"python3"}, "b2": {"python3"}, "c3": {"sh"}})
 	a1, b2 := f.nodes["a1"], f.nodes["b2"]
+	// Both polled, with equal pools, before the calls: a node not polled
+	// yet is no candidate (a loaded machine polls late).
+	for _, id := range []string{"a1", "b2"} {
+		f.nodes[id].fake.SetPool("python3", 2, 0)
+		f.waitPool(id, "python3", 2)
+	}
 
 	// a1 refuses: every call still runs, on b2.
 	a1.fake.SetOverloaded(2 * time.Second)
