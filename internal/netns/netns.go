@@ -4,11 +4,10 @@
 // and the network manager configures interfaces there (Do).
 //
 // A namespace is entered per OS thread (setns(2) with CLONE_NEWNET), so Do
-// runs its function on a goroutine of its own, locked to its thread, and
-// puts the thread back in the namespace it came from before unlocking it.
-// If that fails the thread is never unlocked: the goroutine ends locked
-// and the Go runtime ends the thread with it, so no other goroutine ever
-// runs in the wrong namespace. A socket keeps the namespace it was made in
+// runs its function on a thread locked to it, never the main thread
+// (osthread.Locked), and puts the thread back in the namespace it came
+// from before unlocking it. If that fails the thread ends with the call,
+// so no other goroutine ever runs in the wrong namespace. A socket keeps the namespace it was made in
 // for its whole life, so a connection Dial returns works from any thread.
 package netns
 
@@ -18,9 +17,10 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"runtime"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/internal/osthread"
 )
 
 // setns is unix.Setns; tests replace it to make the way back fail.
@@ -34,33 +34,29 @@ func Do(ns *os.File, fn func() error) error {
 	if ns == nil {
 		return errors.New("netns: no namespace")
 	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
+	var ferr error
+	osthread.Locked(func() bool {
 		// The thread's own namespace, to come back to: another thread of
 		// this process may be elsewhere, so not /proc/self.
 		orig, err := os.Open("/proc/thread-self/ns/net")
 		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("netns: %w", err)
-			return
+			ferr = fmt.Errorf("netns: %w", err)
+			return true
 		}
 		defer orig.Close()
 		if err := setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread() // still where it was
-			errc <- fmt.Errorf("netns: enter %s: %w", ns.Name(), err)
-			return
+			ferr = fmt.Errorf("netns: enter %s: %w", ns.Name(), err)
+			return true // still where it was
 		}
-		ferr := fn()
+		ferr = fn()
 		if err := setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-			// Left locked on purpose: the thread ends with this goroutine.
-			errc <- errors.Join(ferr, fmt.Errorf("netns: return from %s: %w (thread dropped)", ns.Name(), err))
-			return
+			// The thread ends with this call.
+			ferr = errors.Join(ferr, fmt.Errorf("netns: return from %s: %w (thread dropped)", ns.Name(), err))
+			return false
 		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
+		return true
+	})
+	return ferr
 }
 
 // Dial connects to addr ("127.0.0.1:8000") over network ("tcp") from
@@ -86,41 +82,33 @@ func Dial(ctx context.Context, ns *os.File, network, addr string) (net.Conn, err
 // the file or anything else inside it (a socket, a process, a bind mount).
 // It needs CAP_SYS_ADMIN.
 func New() (*os.File, error) {
-	type result struct {
-		f   *os.File
-		err error
-	}
-	rc := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
+	var f *os.File
+	var ferr error
+	osthread.Locked(func() bool {
 		orig, err := os.Open("/proc/thread-self/ns/net")
 		if err != nil {
-			runtime.UnlockOSThread()
-			rc <- result{err: fmt.Errorf("netns: %w", err)}
-			return
+			ferr = fmt.Errorf("netns: %w", err)
+			return true
 		}
 		defer orig.Close()
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			runtime.UnlockOSThread()
-			rc <- result{err: fmt.Errorf("netns: unshare: %w", err)}
-			return
+			ferr = fmt.Errorf("netns: unshare: %w", err)
+			return true
 		}
-		f, ferr := os.Open("/proc/thread-self/ns/net")
+		if f, err = os.Open("/proc/thread-self/ns/net"); err != nil {
+			ferr = fmt.Errorf("netns: %w", err)
+		}
 		if err := setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
 			if f != nil {
 				f.Close()
+				f = nil
 			}
-			rc <- result{err: fmt.Errorf("netns: return from a new namespace: %w (thread dropped)", err)}
-			return
+			ferr = fmt.Errorf("netns: return from a new namespace: %w (thread dropped)", err)
+			return false
 		}
-		runtime.UnlockOSThread()
-		if ferr != nil {
-			ferr = fmt.Errorf("netns: %w", ferr)
-		}
-		rc <- result{f, ferr}
-	}()
-	r := <-rc
-	return r.f, r.err
+		return true
+	})
+	return f, ferr
 }
 
 // LoopbackUp sets the loopback interface of ns up, which a namespace New

@@ -75,3 +75,23 @@ var (
 	spawnOnce sync.Once
 	spawns    chan spawnReq
 )
+
+// Locked runs f on a thread locked to it, never the main thread. The
+// thread goes back to the scheduler if f returns true (f left it as it
+// found it), and ends with f otherwise.
+func Locked(f func() (restored bool)) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread()
+		if unix.Gettid() == unix.Getpid() {
+			Locked(f) // the main thread, held here: another one does it
+			runtime.UnlockOSThread()
+			return
+		}
+		if f() {
+			runtime.UnlockOSThread()
+		}
+	}()
+	<-done
+}
