@@ -50,7 +50,13 @@ func (s *Server) checkPublished(ctx context.Context, img string) error {
 	if img == "" || builder(ctx) {
 		return nil
 	}
-	if i, err := s.cfg.Images.Get(ctx, img); err == nil && i.Unpublished {
+	get := s.cfg.Images.Get
+	if c, ok := s.cluster.(interface {
+		Image(ctx context.Context, name string) (api.Image, error)
+	}); ok {
+		get = c.Image // the Router's cache, which its create reads next
+	}
+	if i, err := get(ctx, img); err == nil && i.Unpublished {
 		return errdefs.New(errdefs.ErrNotFound, api.CodeImageNotFound, "image %q not found", img)
 	}
 	return nil

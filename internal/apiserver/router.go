@@ -180,6 +180,15 @@ func (r *Router) ImagesChanged() {
 	}
 }
 
+// Image resolves an image as the Router's creates do: through its cache
+// when it has one.
+func (r *Router) Image(ctx context.Context, name string) (api.Image, error) {
+	if r.images == nil {
+		return api.Image{}, errdefs.New(errdefs.ErrNotFound, api.CodeImageNotFound, "this apiserver resolves no images")
+	}
+	return r.images.Get(ctx, name)
+}
+
 // Run refreshes what every reachable node holds, at once and then every
 // Refresh, and ends the calls in flight to nodes that turn lost, until ctx
 // is done. Start it once the fleet view is ready.
