@@ -7,11 +7,13 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/guard"
+	"github.com/warrenhq/warren/internal/testutil"
 )
 
 // TestAppArmor: where the host runs AppArmor, the sandbox's init, every
@@ -51,7 +53,16 @@ func TestAppArmor(t *testing.T) {
 	const want = guard.AppArmorProfile + " (enforce)"
 	// The init, as the host sees it (nothing in the sandbox may read the
 	// non-dumpable init's attributes).
-	b, err = os.ReadFile(fmt.Sprintf("/proc/%d/attr/current", h.c.sandboxes["aa-1"].init.pid))
+	// runc start returns before the init's exec, which applies the
+	// profile: wait for it (slow under TCG).
+	deadline := time.Now().Add(testutil.Scale(10 * time.Second))
+	for {
+		b, err = os.ReadFile(fmt.Sprintf("/proc/%d/attr/current", h.c.sandboxes["aa-1"].init.pid))
+		if err != nil || strings.TrimSpace(string(b)) == want || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	if err != nil || strings.TrimSpace(string(b)) != want {
 		t.Errorf("the init's label: %q (%v), want %q", b, err, want)
 	}
