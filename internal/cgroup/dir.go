@@ -137,9 +137,11 @@ func (d Dir) Freeze(ctx context.Context) error {
 	return nil
 }
 
-// Thaw resumes d. A missing d is thawed.
+// Thaw resumes d. A missing d is thawed, and so is one being removed
+// meanwhile (its files answer ENODEV once the kernel has begun removing
+// it, which can be before its directory is gone).
 func (d Dir) Thaw(ctx context.Context) error {
-	if err := d.setFrozen(ctx, false); err != nil && d.Exists() {
+	if err := d.setFrozen(ctx, false); err != nil && !errors.Is(err, unix.ENODEV) && d.Exists() {
 		return fmt.Errorf("thaw cgroup %s: %w", d.Path, err)
 	}
 	return nil

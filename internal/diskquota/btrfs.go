@@ -339,3 +339,83 @@ func RemoveTree(path string) error {
 	}
 	return os.RemoveAll(path)
 }
+
+// btrfsRootTreeObjectID and btrfsRootItemKey find a subvolume's root item.
+const (
+	btrfsRootTreeObjectID = 1
+	btrfsRootItemKey      = 132
+)
+
+// clearStaleQgroups destroys the level-0 qgroups of subvolumes that are
+// gone (`btrfs qgroup clear-stale`), and returns how many. A deleted
+// subvolume's qgroup can only be destroyed once its blocks are dropped,
+// which the kernel's cleaner does later; kernels since 6.x then destroy
+// it themselves, but not always (one whose numbers were not zero yet at
+// the drop stays behind, stale, for good). So every removal sweeps up
+// after the earlier ones. Qgroups of subvolumes still being dropped
+// answer EBUSY and are left for the next sweep.
+func clearStaleQgroups(base string) (int, error) {
+	fd, err := openDir(base)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	var ids []uint64
+	for next := uint64(btrfsFirstFreeObjectID); ; {
+		var args btrfsSearchArgs
+		args.key = btrfsSearchKey{
+			treeID:      btrfsQuotaTreeObjectID,
+			minObjectID: 0, maxObjectID: 0,
+			minOffset: next, maxOffset: 1<<48 - 1, // level 0: the subvolume id itself
+			minType: btrfsQgroupInfoKey, maxType: btrfsQgroupInfoKey,
+			maxTransID: ^uint64(0),
+			nrItems:    4096,
+		}
+		if err := ioctl(fd, btrfsIocTreeSearch, unsafe.Pointer(&args)); err != nil {
+			if errors.Is(err, unix.ENOENT) { // quotas off: no quota tree
+				return 0, nil
+			}
+			return 0, fmt.Errorf("search quota tree: %w", err)
+		}
+		if args.key.nrItems == 0 {
+			break
+		}
+		off := uintptr(0)
+		for i := uint32(0); i < args.key.nrItems; i++ {
+			h := (*btrfsSearchHeader)(unsafe.Pointer(&args.buf[off]))
+			if h.typ == btrfsQgroupInfoKey {
+				ids = append(ids, h.offset)
+			}
+			next = h.offset + 1
+			off += unsafe.Sizeof(*h) + uintptr(h.len)
+		}
+	}
+	cleared := 0
+	var errs []error
+	for _, id := range ids {
+		var args btrfsSearchArgs
+		args.key = btrfsSearchKey{
+			treeID:      btrfsRootTreeObjectID,
+			minObjectID: id, maxObjectID: id,
+			maxOffset: ^uint64(0),
+			minType:   btrfsRootItemKey, maxType: btrfsRootItemKey,
+			maxTransID: ^uint64(0),
+			nrItems:    1,
+		}
+		if err := ioctl(fd, btrfsIocTreeSearch, unsafe.Pointer(&args)); err != nil {
+			return cleared, fmt.Errorf("search root tree: %w", err)
+		}
+		if args.key.nrItems > 0 {
+			continue // the subvolume exists, or is still being dropped
+		}
+		qg := btrfsQgroupCreateArgs{create: 0, qgroupid: id}
+		switch err := ioctl(fd, btrfsIocQgroupCreate, unsafe.Pointer(&qg)); {
+		case err == nil:
+			cleared++
+		case errors.Is(err, unix.ENOENT), errors.Is(err, unix.EBUSY), errors.Is(err, unix.ENOTCONN):
+		default:
+			errs = append(errs, fmt.Errorf("destroy stale qgroup 0/%d: %w", id, err))
+		}
+	}
+	return cleared, errors.Join(errs...)
+}

@@ -181,12 +181,29 @@ func (q *Quota) Remove(path string) error {
 	switch q.mech {
 	case Btrfs:
 		if st.Ino == btrfsFirstFreeObjectID && st.Mode&unix.S_IFMT == unix.S_IFDIR {
-			return removeSubvolume(path)
+			err := removeSubvolume(path)
+			// Sweep up after earlier removals (this one's qgroup goes
+			// once the cleaner has dropped the subvolume). A failed
+			// sweep is no failed removal: the next one tries again.
+			_, _ = q.ClearStale()
+			return err
 		}
 	case XFS, Ext4:
 		return q.prj.remove(path)
 	}
 	return os.RemoveAll(path)
+}
+
+// ClearStale destroys the qgroups of btrfs subvolumes that are gone, as
+// `btrfs qgroup clear-stale` does, and says how many. The kernel usually
+// destroys a deleted subvolume's qgroup itself once it has dropped its
+// blocks, but not always; Remove calls this each time, and an agent at
+// start. Elsewhere it does nothing.
+func (q *Quota) ClearStale() (int, error) {
+	if q.mech != Btrfs {
+		return 0, nil
+	}
+	return clearStaleQgroups(q.base)
 }
 
 // Usage returns the bytes path's limit has charged so far, for tests and

@@ -190,6 +190,7 @@ func New(cfg Config) (*Container, error) {
 	c.rlimits = sandboxRlimits()
 	c.runcEnv = runcEnv()
 	c.quota = diskquota.Detect(c.sandboxDir)
+	_, _ = c.quota.ClearStale() // an earlier agent's leftovers; each removal sweeps again
 	c.shell = loadTrustedShell(cfg.ShellPath)
 	c.landlock[0], c.landlock[1], _ = guard.LandlockRules()
 	c.apparmor, _ = guard.LoadAppArmor() // where it fails, node ls says why
