@@ -20,6 +20,11 @@ type SnapshotRequest struct {
 	// histories, caches, answers a builder must not ship). A path that
 	// passes through a symlink is refused: name where it points.
 	Strip []string `json:"strip,omitempty"`
+	// KeepResidue keeps the build residue a snapshot otherwise leaves
+	// out of what the sandbox wrote: shell and REPL histories, caches
+	// (~/.cache, package managers'), and the contents of /tmp and
+	// /var/tmp. Stats.Residue says what was left out.
+	KeepResidue bool `json:"keep_residue,omitempty"`
 	// Labels are recorded on the snapshot (a trajectory's step, say).
 	Labels map[string]string `json:"labels,omitempty"`
 }
@@ -82,7 +87,13 @@ type SnapshotStats struct {
 	Chunks        int   `json:"chunks"`
 	Uploaded      int   `json:"uploaded"`
 	UploadedBytes int64 `json:"uploaded_bytes"`
+	// Residue is the build residue left out (sandbox paths, at most
+	// MaxResidueShown and then a count).
+	Residue []string `json:"residue,omitempty"`
 }
+
+// MaxResidueShown bounds SnapshotStats.Residue.
+const MaxResidueShown = 64
 
 // SnapshotList is the body of GET /v1/snapshots.
 type SnapshotList struct {
@@ -109,6 +120,9 @@ const MaxSnapshotHoles = 1 << 30
 // the node's layer cache. It registers nothing: the apiserver does.
 type PackRequest struct {
 	Strip []string `json:"strip,omitempty"`
+	// KeepResidue: strip no build residue (a fork keeps its parent's
+	// state whole).
+	KeepResidue bool `json:"keep_residue,omitempty"`
 }
 
 // PackResult is the node's answer to a PackRequest.

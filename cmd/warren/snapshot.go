@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -15,14 +16,17 @@ func newSandboxSnapshotCmd(a *app) *cobra.Command {
 	var req api.SnapshotRequest
 	var labels []string
 	c := showCmd(a, &cobra.Command{
-		Use:   "snapshot SBX [--name NAME] [--version V] [--strip PATH]... [--label K=V]...",
+		Use:   "snapshot SBX [--name NAME] [--version V] [--strip PATH]... [--keep-residue] [--label K=V]...",
 		Short: "Turn what a running sandbox wrote into an environment (it runs on)",
 		Long: `Snapshot a running sandbox: what it wrote becomes a diff layer on top of
 its own layers, and the stack an environment NAME@V that sandboxes on any
 node can be created from (warren sandbox create --image NAME@V). The
 sandbox is held still only while its writes are copied (freeze), then runs
 on. --strip leaves a path out, with everything under it, even where a lower
-layer has it (caches, shell histories, answers).`,
+layer has it (answers, data a builder must not ship). Build residue is left
+out too, where the sandbox wrote it: shell and REPL histories, ~/.cache and
+package managers' caches, the contents of /tmp and /var/tmp (the result's
+stats.residue lists it); --keep-residue keeps it.`,
 		Args: exactArgs(1, "one sandbox id"),
 	}, "text", func(cmd *cobra.Command, args []string) (*api.Snapshot, error) {
 		var err error
@@ -35,6 +39,7 @@ layer has it (caches, shell histories, answers).`,
 	f.StringVar(&req.Name, "name", "", "environment name (default: the snapshot's id)")
 	f.StringVar(&req.Version, "version", "", "environment version (default: the next integer version)")
 	f.StringArrayVar(&req.Strip, "strip", nil, "absolute path to leave out (repeatable)")
+	f.BoolVar(&req.KeepResidue, "keep-residue", false, "keep shell histories, caches and temp files")
 	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE on the snapshot (repeatable)")
 	return c
 }
@@ -210,6 +215,9 @@ func printSnapshot(w io.Writer, s *api.Snapshot) error {
 	row(tw, "Written:", fmt.Sprintf("%d files, %s", st.Files, fmtBytes(st.Bytes)))
 	row(tw, "Freeze:", fmt.Sprintf("%.1fms (%s)", st.FreezeMS, st.Method))
 	row(tw, "Pack:", fmt.Sprintf("%.1fms, %d of %d chunks new (%s)", st.PackMS, st.Uploaded, st.Chunks, fmtBytes(st.UploadedBytes)))
+	if len(st.Residue) > 0 {
+		row(tw, "Residue left out:", strings.Join(st.Residue, " "))
+	}
 	row(tw, "Labels:", kvList(s.Labels, ", "))
 	row(tw, "Created:", stamp(s.CreatedAt, time.Now()))
 	return tw.Flush()

@@ -217,7 +217,8 @@ type Snapshotter interface {
 	// Snapshot holds sandbox id still (frozen) only as long as taking a
 	// copy of its writable layer needs, then lets it run on. Each path
 	// in req.Strip is left out of the copy and hidden (a whiteout) where
-	// a lower layer has it. ErrConflict when the sandbox is not running;
+	// a lower layer has it, then whatever req.Residue matches in it
+	// (rootfs.StripAll). ErrConflict when the sandbox is not running;
 	// the sandbox keeps running untouched on any error.
 	Snapshot(ctx context.Context, id string, req SnapshotRequest) (*Snapshot, error)
 }
@@ -227,6 +228,9 @@ type SnapshotRequest struct {
 	// Strip are absolute paths inside the sandbox, left out of the copy
 	// with everything under them.
 	Strip []string
+	// Residue are patterns (rootfs.Residue) of build residue to strip
+	// where the sandbox wrote it.
+	Residue []string
 }
 
 // Snapshot is a copy of a sandbox's writable layer on the node's disk.
@@ -237,6 +241,8 @@ type Snapshot struct {
 	// transaction, blocks shared), "reflink" (files cloned, blocks
 	// shared) or "copy".
 	Method string
+	// Residue is what req.Residue matched and was stripped.
+	Residue []string
 	// Remove deletes the copy; the caller must call it.
 	Remove func() error
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/rootfs"
 )
 
 // Packer builds a directory (a copy of a sandbox's writable layer) into a
@@ -51,7 +52,7 @@ func (a *Agent) pack(ctx context.Context, b backend.Snapshotter, s *sandbox, req
 	if len(s.spec.Layers) == 0 {
 		return api.PackResult{}, fmt.Errorf("snapshot of %s: no layers", id)
 	}
-	snap, err := b.Snapshot(ctx, id, backend.SnapshotRequest{Strip: req.Strip})
+	snap, err := b.Snapshot(ctx, id, backend.SnapshotRequest{Strip: req.Strip, Residue: residue(req)})
 	if err != nil {
 		return api.PackResult{}, err
 	}
@@ -70,5 +71,23 @@ func (a *Agent) pack(ctx context.Context, b backend.Snapshotter, s *sandbox, req
 	}
 	res.Stats.FreezeMS = float64(snap.Freeze.Microseconds()) / 1000
 	res.Stats.Method = snap.Method
+	res.Stats.Residue = capList(snap.Residue, api.MaxResidueShown)
 	return res, nil
+}
+
+// residue is what a pack strips besides req.Strip: the build residue
+// (rootfs.Residue) unless the caller keeps it.
+func residue(req api.PackRequest) []string {
+	if req.KeepResidue {
+		return nil
+	}
+	return rootfs.Residue
+}
+
+// capList keeps the first n of l and says how many more there were.
+func capList(l []string, n int) []string {
+	if len(l) <= n {
+		return l
+	}
+	return append(l[:n:n], fmt.Sprintf("... and %d more", len(l)-n))
 }

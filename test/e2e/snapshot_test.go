@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -30,25 +31,45 @@ func TestUpSnapshot(t *testing.T) {
 	})
 
 	src := strings.TrimSpace(c.MustRun("sandbox", "create", "--image", "busybox", "--env", "STAGE=build"))
-	c.MustRun("exec", src, "--sh", "mkdir -p /work && echo built > /work/artifact && echo 42 > /work/answers && echo cmd > /root/.ash_history")
+	// A build plants an answer (declared: --strip) and leaves residue a
+	// snapshot strips by itself: a shell history with the answer typed
+	// in, a cache, temp files.
+	const answer = "ANSWER-5f1c9e02d7"
+	c.MustRun("exec", src, "--sh", "mkdir -p /work /root/.cache/pip && echo built-artifact > /work/artifact && echo "+answer+" > /work/answers && "+
+		"echo 'echo "+answer+"' > /root/.ash_history && echo "+answer+" > /root/.cache/pip/x && echo "+answer+" > /tmp/scratch")
 	var snap api.Snapshot
 	mustJSON(t, c.MustRun("sandbox", "snapshot", src, "--name", "task-7", "--version", "1",
-		"--strip", "/work/answers", "--strip", "/root/.ash_history", "--label", "step=3", "-o", "json"), &snap)
+		"--strip", "/work/answers", "--label", "step=3", "-o", "json"), &snap)
 	if snap.Ref != "task-7@1" || snap.Source != src || snap.SourceImage != "busybox@1" || snap.Labels["step"] != "3" ||
 		snap.Stats.Method == "" || snap.Stats.FreezeMS <= 0 || snap.Layer.Kind != api.LayerDiff {
 		t.Errorf("snapshot: %+v", snap)
 	}
+	if got := strings.Join(snap.Stats.Residue, " "); got != "/root/.ash_history /root/.cache /tmp/scratch" {
+		t.Errorf("residue left out: %q", got)
+	}
 
 	// The source runs on, untouched by the strip.
-	if out := c.MustRun("exec", src, "--sh", "cat /work/answers /root/.ash_history; echo more > /work/later"); out != "42\ncmd\n" {
+	if out := c.MustRun("exec", src, "--sh", "cat /work/answers /root/.ash_history /tmp/scratch; echo more > /work/later"); out != answer+"\necho "+answer+"\n"+answer+"\n" {
 		t.Errorf("the source after its snapshot: %q", out)
 	}
 	// A sandbox from the snapshot: the build's files and env, not the
-	// stripped ones, not what the source wrote after.
+	// stripped ones, not what the source wrote after; /tmp is still
+	// there, as it was.
 	b := strings.TrimSpace(c.MustRun("sandbox", "create", "--image", "task-7@1"))
-	out := c.MustRun("exec", b, "--sh", "cat /work/artifact; echo $STAGE; ls /work/answers /root/.ash_history /work/later 2>&1 | wc -l")
-	if out != "built\nbuild\n3\n" {
+	out := c.MustRun("exec", b, "--sh", "cat /work/artifact; echo $STAGE; ls /work/answers /root/.ash_history /root/.cache /tmp/scratch /work/later 2>&1 | wc -l; stat -c %a /tmp")
+	if out != "built-artifact\nbuild\n5\n1777\n" {
 		t.Errorf("a sandbox from task-7@1 sees %q", out)
+	}
+	// Nor is the answer anywhere in the layers' bytes: the blob store
+	// and the node's layer cache (where the artifact is, so the search
+	// would find it).
+	for _, dir := range []string{filepath.Join(c.DataDir, "blobs"), filepath.Join(c.DataDir, "node", "cache")} {
+		if hits := grepTree(t, dir, answer); len(hits) > 0 {
+			t.Errorf("the planted answer is in the layers' bytes: %v", hits)
+		}
+		if hits := grepTree(t, dir, "built-artifact"); len(hits) == 0 {
+			t.Errorf("the build's artifact is not in %s: the search for the answer proves nothing", dir)
+		}
 	}
 
 	// A snapshot of that sandbox: its parent is the first.
@@ -59,7 +80,7 @@ func TestUpSnapshot(t *testing.T) {
 		t.Errorf("snapshot of a snapshot's sandbox: ref %s parent %q, want task-7@2 with parent %s", snap2.Ref, snap2.Parent, snap.ID)
 	}
 	c2 := strings.TrimSpace(c.MustRun("sandbox", "create", "--image", "task-7@2"))
-	if out := c.MustRun("exec", c2, "--sh", "cat /work/artifact /work/step2"); out != "built\nstep2\n" {
+	if out := c.MustRun("exec", c2, "--sh", "cat /work/artifact /work/step2"); out != "built-artifact\nstep2\n" {
 		t.Errorf("a sandbox from task-7@2 sees %q", out)
 	}
 
@@ -105,7 +126,7 @@ kids = c.fork(src, 2, labels={"branch": "py"})
 assert len(kids) == 2, kids
 c.exec(kids[0]["id"], cmd="echo mine > /work/branch")
 r = c.exec(kids[1]["id"], cmd="cat /work/artifact; cat /work/branch 2>/dev/null || echo isolated")
-assert r.stdout == b"built\nisolated\n", r.stdout
+assert r.stdout == b"built-artifact\nisolated\n", r.stdout
 assert any(s["id"] == snap["id"] for s in c.list_snapshots(source=src))
 assert c.get_snapshot("py-snap@1")["id"] == snap["id"]
 lin = c.lineage(kids[0]["id"])
@@ -139,7 +160,7 @@ print("ok")
 			t.Errorf("%v: exit %d, %q; want %s", tc.args, code, stderr, tc.code)
 		}
 	}
-	if out := c.MustRun("exec", src, "--sh", "cat /work/artifact"); out != "built\n" {
+	if out := c.MustRun("exec", src, "--sh", "cat /work/artifact"); out != "built-artifact\n" {
 		t.Errorf("the source after refused snapshots: %q", out)
 	}
 
@@ -191,7 +212,7 @@ print("ok")
 		t.Errorf("the environment of a removed snapshot: exit %d, %q", code, stderr)
 	}
 	c.MustRun("snapshot", "rm", "--force", "task-7@1")
-	if out := c.MustRun("exec", b, "--sh", "cat /work/artifact"); out != "built\n" {
+	if out := c.MustRun("exec", b, "--sh", "cat /work/artifact"); out != "built-artifact\n" {
 		t.Errorf("a sandbox of a force-removed snapshot: %q", out)
 	}
 }
@@ -216,4 +237,24 @@ func mustJSON(t *testing.T, s string, v any) {
 	if err := json.Unmarshal([]byte(s), v); err != nil {
 		t.Fatalf("%v: %q", err, s)
 	}
+}
+
+// grepTree returns the regular files under dir that contain s.
+func grepTree(t *testing.T, dir, s string) []string {
+	t.Helper()
+	var hits []string
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err == nil && bytes.Contains(b, []byte(s)) {
+			hits = append(hits, p)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("searching %s: %v", dir, err)
+	}
+	return hits
 }

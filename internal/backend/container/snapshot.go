@@ -33,8 +33,8 @@ var _ backend.Snapshotter = (*Container)(nil)
 //     where the filesystem shares blocks (xfs with reflink), else copied
 //     extent by extent.
 //
-// Then the sandbox runs on, and the paths to strip are taken out of the
-// copy (rootfs.Strip). The copy is in the sandbox's directory, so it is on
+// Then the sandbox runs on, and the paths to strip and the build residue
+// are taken out of the copy (rootfs.StripAll). The copy is in the sandbox's directory, so it is on
 // the same filesystem and goes with the sandbox if the caller never
 // removes it.
 func (c *Container) Snapshot(ctx context.Context, id string, req backend.SnapshotRequest) (*backend.Snapshot, error) {
@@ -95,7 +95,7 @@ func (c *Container) Snapshot(ctx context.Context, id string, req backend.Snapsho
 		return nil, errors.Join(fmt.Errorf("snapshot of %s: %w", id, err), snap.Remove())
 	}
 
-	if len(strip) > 0 {
+	if len(strip) > 0 || len(req.Residue) > 0 {
 		lowers := make([]string, 0, len(s.spec.Layers))
 		for i := len(s.spec.Layers) - 1; i >= 0; i-- { // top first
 			mp, err := c.cfg.Mounts.Path(s.spec.Layers[i].Digest)
@@ -104,10 +104,8 @@ func (c *Container) Snapshot(ctx context.Context, id string, req backend.Snapsho
 			}
 			lowers = append(lowers, mp)
 		}
-		for _, p := range strip {
-			if err := rootfs.Strip(snap.Upper, lowers, p); err != nil {
-				return nil, errors.Join(fmt.Errorf("snapshot of %s: %w", id, err), snap.Remove())
-			}
+		if snap.Residue, err = rootfs.StripAll(snap.Upper, lowers, strip, req.Residue); err != nil {
+			return nil, errors.Join(fmt.Errorf("snapshot of %s: %w", id, err), snap.Remove())
 		}
 	}
 	return snap, nil

@@ -15,8 +15,8 @@ var _ backend.Snapshotter = (*Backend)(nil)
 
 // Snapshot copies the sandbox's whole root: the fake has no layers below
 // it, so everything in it counts as written. Nothing is frozen (the fake
-// isolates nothing); Freeze is the copy's time. Paths to strip are taken
-// out of the copy.
+// isolates nothing); Freeze is the copy's time. Paths to strip and
+// residue are taken out of the copy.
 func (b *Backend) Snapshot(ctx context.Context, id string, req backend.SnapshotRequest) (*backend.Snapshot, error) {
 	st, err := b.Inspect(ctx, id)
 	if err != nil {
@@ -43,11 +43,9 @@ func (b *Backend) Snapshot(ctx context.Context, id string, req backend.SnapshotR
 		os.RemoveAll(dir)
 		return nil, err
 	}
-	for _, p := range req.Strip {
-		if err := rootfs.Strip(upper, nil, p); err != nil {
-			os.RemoveAll(dir)
-			return nil, err
-		}
+	if snap.Residue, err = rootfs.StripAll(upper, nil, req.Strip, req.Residue); err != nil {
+		os.RemoveAll(dir)
+		return nil, err
 	}
 	return snap, nil
 }

@@ -467,10 +467,12 @@ class Client:
     # -- snapshots and forks -----------------------------------------------
 
     def snapshot(self, sid: str, name: str = "", version: str = "", *, strip: Optional[List[str]] = None,
-                 labels: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+                 labels: Optional[Dict[str, str]] = None, keep_residue: bool = False) -> Dict[str, Any]:
         """Turn what running sandbox sid wrote into the environment
         name@version (default: the snapshot's id, the next version); the
-        sandbox runs on. strip leaves paths out. Returns the snapshot
+        sandbox runs on. strip leaves paths out; build residue (shell
+        histories, caches, /tmp) is left out unless keep_residue, and
+        listed in the result's stats["residue"]. Returns the snapshot
         (its "ref" is the environment to create sandboxes from; "stats"
         has freeze_ms, how long the sandbox was held still)."""
         body: Dict[str, Any] = {}
@@ -482,6 +484,8 @@ class Client:
             body["strip"] = list(strip)
         if labels:
             body["labels"] = dict(labels)
+        if keep_residue:
+            body["keep_residue"] = True
         return self._json("POST", "/v1/sandboxes/%s/snapshot" % urllib.parse.quote(sid, safe=""), body=body)
 
     def fork(self, sid: str, count: int = 1, *, labels: Optional[Dict[str, str]] = None,
