@@ -75,6 +75,11 @@ type CreateSandboxRequest struct {
 	// means the calling token's own project. A token creates only within
 	// its project's subtree.
 	Project string `json:"project,omitempty"`
+	// Build makes a build sandbox (Sandbox.Build): one a builder sets up
+	// an environment in, which runners cannot see. Default: true when the
+	// caller's role is builder, false otherwise; true needs builder or
+	// admin.
+	Build *bool `json:"build,omitempty"`
 	// IdempotencyKey makes the create safe to retry: every request with the
 	// same key (in the same project) gets the one sandbox the first created,
 	// for 24h. The Idempotency-Key header does the same and wins.
@@ -134,6 +139,11 @@ type Sandbox struct {
 	Resources Resources         `json:"resources"`
 	Env       map[string]string `json:"env,omitempty"`
 	Labels    map[string]string `json:"labels,omitempty"`
+	// Build: a build sandbox. Tokens below builder get 404 for it, as
+	// for a missing one, and lists leave it out: what a builder plants
+	// while it sets up an environment (answers, fixtures) stays with
+	// builders until it is published, stripped, as a snapshot.
+	Build bool `json:"build,omitempty"`
 	// Layers are the digests of the layers the root is made of, bottom
 	// first; a layer in use by a live sandbox cannot be deleted.
 	Layers []string `json:"layers,omitempty"`

@@ -13,15 +13,15 @@ import (
 
 func newSandboxCreateCmd(a *app) *cobra.Command {
 	var (
-		req            api.CreateSandboxRequest
-		memory, output string
-		disk           string
-		labels, env    []string
-		selector       []string
-		ttl, idle      time.Duration
-		count          int
-		allOrNone      bool
-		network        networkFlags
+		req              api.CreateSandboxRequest
+		memory, output   string
+		disk             string
+		labels, env      []string
+		selector         []string
+		ttl, idle        time.Duration
+		count            int
+		allOrNone, build bool
+		network          networkFlags
 	)
 	c := &cobra.Command{
 		Use:   "create (--image ENV | --env ENV@VERSION | --layer LAYER...) [flags]",
@@ -82,6 +82,9 @@ value) and, when its value has an "@" and no "=", the environment to start from.
 				return usagef("--ttl and --idle-timeout must not be negative")
 			}
 			req.TTL, req.IdleTimeout = api.Duration(ttl), api.Duration(idle)
+			if cmd.Flags().Changed("build") {
+				req.Build = &build
+			}
 			var err error
 			if req.Network, err = network.policy(); err != nil {
 				return err
@@ -143,6 +146,7 @@ value) and, when its value has an "@" and no "=", the environment to start from.
 	f.StringVarP(&output, "output", "o", "", "output: id (default) or json")
 	f.IntVar(&count, "count", 1, "create a gang of this many sandboxes (one id a line), labelled "+api.LabelGang)
 	f.BoolVar(&allOrNone, "all-or-none", false, "with --count: create all of them or none")
+	f.BoolVar(&build, "build", false, "a build sandbox, hidden from runners (default: yes with a builder token; --build=false for an ordinary one)")
 	network.register(c)
 	return c
 }
@@ -229,6 +233,9 @@ func newSandboxGetCmd(a *app) *cobra.Command {
 			tw := newTable(a.stdout, "ID:", sb.ID)
 			row(tw, "Node:", sb.Node)
 			row(tw, "Project:", displayPath(sb.Project))
+			if sb.Build {
+				row(tw, "Build:", "yes (hidden from runners)")
+			}
 			row(tw, "Backend:", sb.Backend)
 			row(tw, "Image:", sb.Image)
 			if len(sb.Layers) > 0 {

@@ -229,17 +229,19 @@ type hiddenError struct{ error }
 
 func (e hiddenError) Unwrap() error { return e.error }
 
-// checkSandboxScope returns nil when the caller's scope holds the sandbox
-// id on n, and a 404 as for a missing sandbox otherwise. Root-scoped
-// callers skip the lookup; the others cost one Get the first time an id is
-// seen (a sandbox's project never changes and ids are never reused, so the
-// answer is cached).
+// checkSandboxScope returns nil when the caller may reach the sandbox id
+// on n: its scope holds the sandbox's project, and it is a builder if the
+// sandbox is a build sandbox. Otherwise a 404 as for a missing sandbox.
+// Root-scoped builders skip the lookup; the others cost one Get the first
+// time an id is seen (a sandbox's project and kind never change and ids
+// are never reused, so the answer is cached).
 func (s *Server) checkSandboxScope(ctx context.Context, id string, n Node) error {
 	p, ok := iam.PrincipalFrom(ctx)
-	if ok && p.Project == "" {
+	b := builder(ctx)
+	if ok && p.Project == "" && b {
 		return nil
 	}
-	project, known := s.projects.get(id)
+	sc, known := s.projects.get(id)
 	if !known {
 		sb, err := n.Get(ctx, id)
 		if errors.Is(err, errdefs.ErrNotFound) {
@@ -248,13 +250,37 @@ func (s *Server) checkSandboxScope(ctx context.Context, id string, n Node) error
 		if err != nil {
 			return err
 		}
-		project = sb.Project
-		s.projects.put(id, project)
+		sc = scopeOf(sb)
+		s.projects.put(id, sc)
 	}
-	if !ok || !iam.InScope(p.Project, project) {
+	if !ok || !iam.InScope(p.Project, sc.project) || sc.build && !b {
 		return hiddenError{errSandboxHidden(id)}
 	}
 	return nil
+}
+
+// sandboxScope is what decides who may reach a sandbox.
+type sandboxScope struct {
+	project string
+	build   bool // a build sandbox: builders only
+}
+
+func scopeOf(sb api.Sandbox) sandboxScope { return sandboxScope{sb.Project, sb.Build} }
+
+// settleBuild fills in a create's Build for caller p (see
+// api.CreateSandboxRequest.Build): a builder's creates are build
+// sandboxes unless it says otherwise, and only builders and admins make
+// them (403 for the others).
+func settleBuild(ctx context.Context, b *bool) (*bool, error) {
+	p := principal(ctx)
+	if b == nil {
+		v := p.Role == iam.RoleBuilder
+		return &v, nil
+	}
+	if *b && !builder(ctx) {
+		return nil, errdefs.New(errdefs.ErrForbidden, api.CodeForbidden, "a build sandbox needs a builder or admin token; this one is %s", p.Role)
+	}
+	return b, nil
 }
 
 // isHidden reports whether checkSandboxScope found the sandbox missing or
@@ -286,14 +312,16 @@ func listScope(r *http.Request) (string, error) {
 	return project, nil
 }
 
-// inScope keeps the sandboxes of list that lie in project's subtree.
-func inScope(list []api.Sandbox, project string) []api.Sandbox {
-	if project == "" {
+// inScope keeps the sandboxes of list that lie in project's subtree,
+// and the build sandboxes among them only if builds (the caller is a
+// builder).
+func inScope(list []api.Sandbox, project string, builds bool) []api.Sandbox {
+	if project == "" && builds {
 		return list
 	}
 	kept := list[:0]
 	for _, sb := range list {
-		if iam.InScope(project, sb.Project) {
+		if iam.InScope(project, sb.Project) && (builds || !sb.Build) {
 			kept = append(kept, sb)
 		}
 	}
@@ -304,23 +332,23 @@ func inScope(list []api.Sandbox, project string) []api.Sandbox {
 // when full, a random tenth is dropped (entries are cheap to refetch).
 type projectCache struct {
 	mu sync.Mutex
-	m  map[string]string
+	m  map[string]sandboxScope
 }
 
 const projectCacheSize = 1 << 17
 
-func (c *projectCache) get(id string) (string, bool) {
+func (c *projectCache) get(id string) (sandboxScope, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	p, ok := c.m[id]
 	return p, ok
 }
 
-func (c *projectCache) put(id, project string) {
+func (c *projectCache) put(id string, sc sandboxScope) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.m == nil {
-		c.m = map[string]string{}
+		c.m = map[string]sandboxScope{}
 	}
 	if len(c.m) >= projectCacheSize {
 		n := projectCacheSize / 10
@@ -331,5 +359,5 @@ func (c *projectCache) put(id, project string) {
 			}
 		}
 	}
-	c.m[id] = project
+	c.m[id] = sc
 }

@@ -356,3 +356,82 @@ func TestCodesMatchIAM(t *testing.T) {
 		}
 	}
 }
+
+// Build sandboxes: a builder's creates are build sandboxes, which runners
+// and readers of the same project (root-scoped ones too) can neither see
+// nor reach, as if missing; builders and admins can. Only they may ask
+// for one, and an admin's creates are ordinary unless it does.
+func TestBuildSandboxes(t *testing.T) {
+	h := newIAMHarness(t, nil)
+	h.project("team", iam.Quota{})
+	builder, runner, reader := h.token("team", iam.RoleBuilder), h.token("team", iam.RoleRunner), h.token("team", iam.RoleReader)
+	rootRunner, admin := h.token("", iam.RoleRunner), h.token("team", iam.RoleAdmin)
+	build := h.create(builder, `{"image":"busybox"}`)
+	if !build.Build {
+		t.Fatalf("a builder's sandbox: %+v, want build", build)
+	}
+	plain := h.create(builder, `{"image":"busybox","build":false}`)
+	adminPlain := h.create(admin, `{"image":"busybox"}`)
+	adminBuild := h.create(admin, `{"image":"busybox","build":true}`)
+	mine := h.create(runner, `{"image":"busybox"}`)
+	if plain.Build || adminPlain.Build || !adminBuild.Build || mine.Build {
+		t.Errorf("build flags: builder false %v, admin %v, admin true %v, runner %v", plain.Build, adminPlain.Build, adminBuild.Build, mine.Build)
+	}
+	if a := h.do(runner, "POST", "/v1/sandboxes", `{"image":"busybox","build":true}`); a.status != http.StatusForbidden || a.code(t) != api.CodeForbidden {
+		t.Errorf("a runner asking for a build sandbox: %d %s, want 403", a.status, a.body)
+	}
+	if a := h.do(runner, "POST", "/v1/sandboxes:batch", `{"count":2,"template":{"image":"busybox","build":true}}`); a.status != http.StatusForbidden {
+		t.Errorf("a runner asking for a gang of build sandboxes: %d %s, want 403", a.status, a.body)
+	}
+
+	for _, secret := range []string{runner, reader, rootRunner} {
+		for _, id := range []string{build.ID, adminBuild.ID} {
+			for _, tc := range []struct{ method, path, body string }{
+				{"GET", "/v1/sandboxes/" + id, ""},
+				{"POST", "/v1/sandboxes/" + id + "/exec", `{"cmd":"true"}`},
+				{"GET", "/v1/sandboxes/" + id + "/files?path=/etc/hostname", ""},
+				{"PUT", "/v1/sandboxes/" + id + "/files?path=/tmp/x", "data"},
+			} {
+				if a := h.do(secret, tc.method, tc.path, tc.body); a.status != http.StatusNotFound && a.status != http.StatusForbidden {
+					t.Errorf("%s %s as a non-builder: %d %s, want 404 (or 403 for a reader)", tc.method, tc.path, a.status, a.body)
+				} else if secret != reader && a.code(t) != api.CodeSandboxNotFound {
+					t.Errorf("%s %s as a runner: %s, want sandbox_not_found", tc.method, tc.path, a.code(t))
+				}
+			}
+		}
+		// Delete answers as for one already gone, and deletes nothing.
+		h.do(secret, "DELETE", "/v1/sandboxes/"+build.ID, "")
+	}
+	if a := h.do(builder, "GET", "/v1/sandboxes/"+build.ID, ""); a.status != http.StatusOK {
+		t.Fatalf("the builder's own build sandbox after non-builders' deletes: %d %s", a.status, a.body)
+	}
+	list := func(secret string) map[string]bool {
+		t.Helper()
+		a := h.do(secret, "GET", "/v1/sandboxes", "")
+		var l api.SandboxList
+		a.decode(t, &l)
+		ids := map[string]bool{}
+		for _, sb := range l.Sandboxes {
+			ids[sb.ID] = true
+		}
+		return ids
+	}
+	for _, secret := range []string{runner, reader, rootRunner} {
+		if ids := list(secret); ids[build.ID] || ids[adminBuild.ID] || !ids[plain.ID] || !ids[mine.ID] || !ids[adminPlain.ID] {
+			t.Errorf("a non-builder's list: %v", ids)
+		}
+	}
+	for _, secret := range []string{builder, admin, adminSecret} {
+		if ids := list(secret); !ids[build.ID] || !ids[adminBuild.ID] || !ids[mine.ID] {
+			t.Errorf("a builder's or admin's list: %v", ids)
+		}
+	}
+	// The builder execs in it, and a runner still cannot after that
+	// (the scope cache holds the kind).
+	if a := h.do(builder, "POST", "/v1/sandboxes/"+build.ID+"/exec", `{"cmd":"true"}`); a.status != http.StatusOK {
+		t.Errorf("exec as the builder: %d %s", a.status, a.body)
+	}
+	if a := h.do(runner, "POST", "/v1/sandboxes/"+build.ID+"/exec", `{"cmd":"true"}`); a.status != http.StatusNotFound {
+		t.Errorf("exec as a runner after the builder's: %d %s", a.status, a.body)
+	}
+}

@@ -56,6 +56,9 @@ func (s *Server) createGang(ctx context.Context, req api.BatchCreateRequest) (ap
 		return api.BatchCreateResponse{}, 0, err
 	}
 	tmpl.Project = project
+	if tmpl.Build, err = settleBuild(ctx, tmpl.Build); err != nil { // auth.go
+		return api.BatchCreateResponse{}, 0, err
+	}
 	if err := s.checkPublished(ctx, tmpl.Image); err != nil { // publish.go
 		return api.BatchCreateResponse{}, 0, err
 	}
@@ -123,7 +126,7 @@ func (s *Server) createGang(ctx context.Context, req api.BatchCreateRequest) (ap
 			if res[i] != nil {
 				res[i].Commit()
 			}
-			s.projects.put(sb.ID, sb.Project)
+			s.projects.put(sb.ID, scopeOf(sb))
 			s.metrics.created.Inc()
 		}()
 	}

@@ -48,7 +48,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	list = inScope(list, scope)
+	list = inScope(list, scope, builder(r.Context()))
 	return writeJSON(w, http.StatusOK, api.SandboxList{Sandboxes: list})
 }
 

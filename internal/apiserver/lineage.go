@@ -27,7 +27,7 @@ func (s *Server) lineage(w http.ResponseWriter, r *http.Request, sn Snapshotter,
 	}
 	var sbs []api.Sandbox
 	for _, sb := range list {
-		if iam.InScope(scope, sb.Project) {
+		if iam.InScope(scope, sb.Project) && (!sb.Build || builder(ctx)) {
 			sbs = append(sbs, sb)
 		}
 	}

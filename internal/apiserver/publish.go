@@ -114,7 +114,8 @@ func (s *Server) runCheck(ctx context.Context, env string, req api.PublishReques
 	if err != nil {
 		return nil, err
 	}
-	sb, err := s.createInQuota(ctx, api.CreateSandboxRequest{Image: env, Project: project,
+	build := true // runners see the candidate only once it passes
+	sb, err := s.createInQuota(ctx, api.CreateSandboxRequest{Image: env, Project: project, Build: &build,
 		Labels: map[string]string{"warren.dev/check-of": env}, TTL: api.Duration(timeout + time.Minute)}, s.cluster.Create)
 	if err != nil {
 		return nil, err

@@ -50,6 +50,9 @@ func (s *Server) admitCreate(w http.ResponseWriter, r *http.Request, req api.Cre
 		return api.Sandbox{}, err
 	}
 	req.Project = project
+	if req.Build, err = settleBuild(ctx, req.Build); err != nil { // auth.go
+		return api.Sandbox{}, err
+	}
 	if err := s.checkPublished(ctx, req.Image); err != nil { // publish.go
 		return api.Sandbox{}, err
 	}
@@ -160,7 +163,7 @@ func (s *Server) createInQuota(ctx context.Context, req api.CreateSandboxRequest
 	if m == nil {
 		sb, err := create(ctx, req)
 		if err == nil {
-			s.projects.put(sb.ID, sb.Project)
+			s.projects.put(sb.ID, scopeOf(sb))
 		}
 		return sb, err
 	}
@@ -180,7 +183,7 @@ func (s *Server) createInQuota(ctx context.Context, req api.CreateSandboxRequest
 		s.cfg.Usage.Created(sb) // counted from now on: before Commit
 	}
 	res.Commit()
-	s.projects.put(sb.ID, sb.Project)
+	s.projects.put(sb.ID, scopeOf(sb))
 	return sb, nil
 }
 

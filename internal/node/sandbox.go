@@ -283,6 +283,7 @@ func (a *Agent) create(ctx context.Context, b backend.Backend, req api.CreateSan
 		ID:          id,
 		Node:        a.cfg.ID,
 		Project:     req.Project,
+		Build:       req.Build != nil && *req.Build,
 		Backend:     b.Name(),
 		Image:       img.Name,
 		State:       api.StateCreating,
