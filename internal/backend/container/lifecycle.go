@@ -207,7 +207,10 @@ func mountOverlay(lower []string, upper, work, target string) error {
 		names[i] = "/proc/self/fd/" + strconv.Itoa(fd)
 	}
 	n := len(lower)
-	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,volatile", strings.Join(names[:n], ":"), names[n], names[n+1])
+	// No redirects, no metacopy, whatever the kernel's defaults: the
+	// upper directory becomes a layer (a snapshot) that must stand on
+	// its own, not name paths in the layers below (rootfs.MergeDiff).
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s,redirect_dir=off,metacopy=off,volatile", strings.Join(names[:n], ":"), names[n], names[n+1])
 	if len(opts) >= os.Getpagesize() {
 		return errdefs.Invalid("overlay options for %d layers exceed a page", len(lower))
 	}
