@@ -346,8 +346,37 @@ type Environment struct {
 	// it or read its check; runners see neither it nor its snapshot.
 	Unpublished bool `json:"unpublished,omitempty"`
 	// Check is the last publish check's outcome (builders only).
-	Check     *EnvCheck `json:"check,omitempty"`
-	CreatedAt time.Time `json:"created_at"`
+	Check *EnvCheck `json:"check,omitempty"`
+	// Squashed says the diff layers on top were squashed into the top
+	// one (image.Squasher), and which they were.
+	Squashed  *EnvSquash `json:"squashed,omitempty"`
+	CreatedAt time.Time  `json:"created_at"`
+}
+
+// EnvSquash records a squash of an environment's diff layers.
+type EnvSquash struct {
+	From []string  `json:"from"` // the diff layers' refs, bottom first
+	At   time.Time `json:"at"`
+}
+
+// MaxDiffDepth is how many diff layers an environment stacks on top
+// before a snapshot's registration squashes them into one in the
+// background; at twice as many the snapshot waits for it.
+const MaxDiffDepth = 8
+
+// DiffDepth is how many diff layers are on top of layers (bottom first).
+func DiffDepth(layers []EnvLayer) int {
+	n := 0
+	for i := len(layers) - 1; i >= 0 && layers[i].Kind == LayerDiff; i-- {
+		n++
+	}
+	return n
+}
+
+// SquashResult is the answer of POST /v1/environments/{ref}/squash.
+type SquashResult struct {
+	Environment Environment `json:"environment"`
+	Squashed    bool        `json:"squashed"` // false: under two diffs, nothing to do
 }
 
 // EnvironmentList is the body of GET /v1/environments.
@@ -514,6 +543,7 @@ const (
 	CodeFileNotFound       = "file_not_found"      // 404
 	CodeNotSupported       = "not_supported"       // 400: the sandbox's backend has no such call
 	CodeConflict           = "conflict"            // 409
+	CodeSquashRunning      = "squash_running"      // 409: a squash of the environment is under way
 	CodeLayerExists        = "layer_exists"        // 409
 	CodeEnvExists          = "env_exists"          // 409
 	CodeLayerInUse         = "layer_in_use"        // 409

@@ -100,6 +100,21 @@ func (c *Client) Lineage(ctx context.Context, ref string) (*api.Lineage, error) 
 	return &l, nil
 }
 
+// SquashEnvironment squashes the diff layers on top of environment ref
+// into one (a builder's call); Squashed is false when there were fewer
+// than two. 409 squash_running while one runs.
+func (c *Client) SquashEnvironment(ctx context.Context, ref string) (*api.SquashResult, error) {
+	p, err := refPath("/v1/environments/", ref)
+	if err != nil {
+		return nil, err
+	}
+	var res api.SquashResult
+	if err := c.doJSON(ctx, http.MethodPost, p+"/squash", nil, struct{}{}, &res); err != nil {
+		return nil, err
+	}
+	return &res, nil
+}
+
 // PublishEnvironment publishes environment ref (a builder's snapshot) so
 // that runners see it and create from it: only if req.Check, when given,
 // passes in a fresh sandbox made from it (409 check_failed otherwise;

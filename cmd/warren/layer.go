@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -23,7 +24,7 @@ func layerCommands(a *app) []*cobra.Command {
 		Short: "Compose environments from layers; list and remove them"}
 	groupArgs(env)
 	env.AddCommand(newEnvCreateCmd(a), newEnvUpdateCmd(a), newEnvLsCmd(a), newEnvGetCmd(a), newEnvRmCmd(a), newEnvExportCmd(a),
-		newEnvPublishCmd(a))
+		newEnvPublishCmd(a), newEnvSquashCmd(a))
 	return []*cobra.Command{layer, env}
 }
 
@@ -360,6 +361,31 @@ only).`,
 	c.Flags().StringVar(&req.Check, "check", "", "command that must pass first, in a fresh sandbox from the environment")
 	c.Flags().DurationVar(&timeout, "timeout", 0, "how long the check may run (default 10m)")
 	return c
+}
+
+// newEnvSquashCmd is `warren env squash NAME@VERSION`.
+func newEnvSquashCmd(a *app) *cobra.Command {
+	return showCmd(a, &cobra.Command{
+		Use:   "squash NAME@VERSION",
+		Short: "Squash the diff layers on top of an environment into one",
+		Long: `Squash the chain of diff layers on top of an environment (snapshots of
+sandboxes made from snapshots) into one diff layer with the same files,
+NAME-squashed@VERSION; the environment then names it instead. Snapshots
+do this by themselves in the background past ` + strconv.Itoa(api.MaxDiffDepth) + ` diffs. Sandboxes made
+before keep the chain.`,
+		Args: exactArgs(1, "one environment ref"),
+	}, "text", func(cmd *cobra.Command, args []string) (*api.SquashResult, error) {
+		return a.client().SquashEnvironment(cmd.Context(), args[0])
+	}, func(w io.Writer, res *api.SquashResult) error {
+		env := res.Environment
+		if !res.Squashed {
+			_, err := fmt.Fprintf(w, "%s: %d diff layer(s) on top, nothing to squash\n", env.Ref, api.DiffDepth(env.Layers))
+			return err
+		}
+		top := env.Layers[len(env.Layers)-1]
+		_, err := fmt.Fprintf(w, "squashed %s: %d diff layers into %s (%s)\n", env.Ref, len(env.Squashed.From), top.Ref, fmtBytes(top.Size))
+		return err
+	})
 }
 
 func newEnvRmCmd(a *app) *cobra.Command {

@@ -210,16 +210,18 @@ func (s *Server) getEnv(w http.ResponseWriter, r *http.Request) error {
 	return writeJSON(w, http.StatusOK, env)
 }
 
-// envVerb serves POST /v1/environments/{ref}/VERB: publish.
+// envVerb serves POST /v1/environments/{ref}/VERB: publish, squash.
 func (s *Server) envVerb(w http.ResponseWriter, r *http.Request) error {
 	if _, err := s.layers(); err != nil {
 		return err
 	}
-	ref, ok := strings.CutSuffix(r.PathValue("ref"), "/publish")
-	if !ok {
-		return errdefs.New(errdefs.ErrNotFound, api.CodeNotFound, "no route for %s %s", r.Method, r.URL.Path)
+	if ref, ok := strings.CutSuffix(r.PathValue("ref"), "/publish"); ok {
+		return s.publishEnv(w, r, ref) // publish.go
 	}
-	return s.publishEnv(w, r, ref) // publish.go
+	if ref, ok := strings.CutSuffix(r.PathValue("ref"), "/squash"); ok {
+		return s.squashEnv(w, r, ref) // squash.go
+	}
+	return errdefs.New(errdefs.ErrNotFound, api.CodeNotFound, "no route for %s %s", r.Method, r.URL.Path)
 }
 
 func (s *Server) deleteEnv(w http.ResponseWriter, r *http.Request) error {

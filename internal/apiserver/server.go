@@ -68,6 +68,9 @@ type Config struct {
 	DefaultResources api.Resources
 	// OCI serves image import and environment export; nil answers 503.
 	OCI OCI
+	// Squash squashes environments' diff chains (squash.go); nil leaves
+	// them as they are and answers 503 to an explicit squash.
+	Squash EnvSquasher
 	Log *slog.Logger
 	// Registry receives the server's metrics; nil makes a private one.
 	Registry *prometheus.Registry

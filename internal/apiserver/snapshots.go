@@ -109,6 +109,9 @@ func (s *Server) takeSnapshot(ctx context.Context, sn Snapshotter, n Node, id st
 	}
 	snap, err := sn.RegisterSnapshot(ctx, image.SnapshotSpec{Name: req.Name, Version: req.Version, Labels: req.Labels,
 		Source: src, Pack: pack, CreatedBy: principal(ctx).TokenID, Ephemeral: ephemeral})
+	if err == nil {
+		s.squashAfter(ctx, snap) // squash.go
+	}
 	return snap, src, err
 }
 

@@ -15,7 +15,6 @@ import (
 	"github.com/warrenhq/warren/internal/fleet"
 	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/image"
-	"github.com/warrenhq/warren/internal/image/oci"
 	"github.com/warrenhq/warren/internal/node/nodeapi"
 	"github.com/warrenhq/warren/internal/placement"
 	"github.com/warrenhq/warren/internal/store"
@@ -159,10 +158,8 @@ func APIServer(ctx context.Context, cfg APIServerConfig) error {
 	collector := newLayerCollector(imgs.images, router.LiveLayers, nil, log)
 	go collector.run(ctx)
 	exportDir := filepath.Join(dir, "export")
-	acfg := imgs.serverConfig(oci.NodeLayers{
-		Cache:  image.NewCache(filepath.Join(exportDir, "cache"), imgs.blobs),
-		Mounts: image.NewMounts(filepath.Join(exportDir, "layers")),
-	}, collector, ids, log)
+	acfg := imgs.serverConfig(image.NewCache(filepath.Join(exportDir, "cache"), imgs.blobs),
+		image.NewMounts(filepath.Join(exportDir, "layers")), collector, ids, log)
 	acfg.Cluster = router
 	acfg.Registrations = st
 	ln, scheme, err := cfg.TLS.listen(cfg.Listen)

@@ -52,10 +52,13 @@ func openImages(ctx context.Context, st store.Store, dir, blobSpec string, log *
 }
 
 // serverConfig is the apiserver configuration both API roles share: images,
-// layers, OCI import and export (reading layers through layers), identity
-// and admission. The caller sets where sandboxes run (Node or Cluster).
-func (p *imageParts) serverConfig(layers oci.NodeLayers, gc *collector, ids *iamParts, log *slog.Logger) apiserver.Config {
+// layers, OCI import and export and squashes (reading layers through
+// cache and mounts), identity and admission. The caller sets where
+// sandboxes run (Node or Cluster).
+func (p *imageParts) serverConfig(cache *image.Cache, mounts *image.Mounts, gc *collector, ids *iamParts, log *slog.Logger) apiserver.Config {
+	layers := oci.NodeLayers{Cache: cache, Mounts: mounts}
 	return apiserver.Config{
+		Squash:         &image.Squasher{Registry: p.images, Cache: cache, Layers: layers},
 		Images:         p.images,
 		Layers:         p.images,
 		CollectGarbage: gc.kick,

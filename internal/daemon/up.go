@@ -25,7 +25,6 @@ import (
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/backend/container"
 	"github.com/warrenhq/warren/internal/image"
-	"github.com/warrenhq/warren/internal/image/oci"
 	"github.com/warrenhq/warren/internal/node"
 	"github.com/warrenhq/warren/internal/store"
 )
@@ -159,7 +158,7 @@ func Up(ctx context.Context, cfg UpConfig) error {
 	go ids.Usage.Follow(ctx, agent, usageResync)
 	collector := newCollector(imgs.images, agent, fn, cache, log)
 	go collector.run(ctx)
-	acfg := imgs.serverConfig(oci.NodeLayers{Cache: cache, Mounts: mounts}, collector, ids, log)
+	acfg := imgs.serverConfig(cache, mounts, collector, ids, log)
 	acfg.Node = agent
 	acfg.DefaultResources.Disk = api.Quantity(cfg.DefaultDisk) // quota counts the node's default
 	if fn != nil {

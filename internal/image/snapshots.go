@@ -345,11 +345,19 @@ func (r *Registry) DeleteSnapshot(ctx context.Context, s string, users []string,
 		return errdefs.New(errdefs.ErrConflict, api.CodeSnapshotInUse, "snapshot %s (%s) is built on by %s: delete those first, or force",
 			snap.ID, snap.Ref, strings.Join(why, " and "))
 	}
+	env, _ := r.GetEnv(ctx, snap.Ref)
 	if err := r.st.Delete(ctx, snapshotsPrefix+snap.ID); err != nil {
 		return fmt.Errorf("delete snapshot %s: %w", snap.ID, err)
 	}
 	if err := r.DeleteEnv(ctx, snap.Ref); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return err
+	}
+	if env.Squashed != nil && len(env.Layers) > 0 {
+		// Its squashed layer was its own, as its diff is.
+		top := env.Layers[len(env.Layers)-1].Ref
+		if err := r.DeleteLayer(ctx, top, live); err != nil && !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrConflict) {
+			return err
+		}
 	}
 	// The diff layer goes unless something builds on it; then it stays,
 	// and its blobs with it.

@@ -3,11 +3,13 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/testutil"
@@ -257,4 +259,112 @@ func grepTree(t *testing.T, dir, s string) []string {
 		t.Fatalf("searching %s: %v", dir, err)
 	}
 	return hits
+}
+
+// A trajectory snapshotted step by step: each step a sandbox made from the
+// last step's snapshot, so each snapshot stacks one more diff. Past
+// api.MaxDiffDepth the chain is squashed into one diff in the background,
+// and a sandbox from the squashed environment sees exactly what one from
+// the chain sees: files written, overwritten and deleted at different
+// steps, a directory replaced, a file of the base layer deleted.
+func TestUpSquash(t *testing.T) {
+	testutil.RequireContainers(t)
+	c := &cluster{T: t, Bin: warrenBin(t), DataDir: t.TempDir(), Addr: freeAddr(t), Args: []string{"--no-fn"}}
+	c.Start()
+	t.Cleanup(func() {
+		c.Run("sandbox", "rm", "--all")
+		c.Stop()
+		if t.Failed() {
+			t.Logf("warren up log:\n%s", c.Log)
+		}
+	})
+	steps := api.MaxDiffDepth + 1
+	img := "busybox"
+	var sbx string
+	for i := 1; i <= steps; i++ {
+		if sbx != "" {
+			c.MustRun("sandbox", "rm", sbx) // the node's room: one step at a time
+		}
+		sbx = strings.TrimSpace(c.MustRun("sandbox", "create", "--image", img))
+		cmd := fmt.Sprintf("mkdir -p /work && echo %d > /work/f%d && echo %d > /work/latest && rm -f /work/f%d", i, i, i, i-2)
+		switch i {
+		case 2:
+			cmd += " && mkdir -p /work/d/sub && echo a > /work/d/a && echo s > /work/d/sub/s"
+		case 3:
+			cmd += " && rm /bin/vi" // a whiteout over the base layer
+		case 5:
+			cmd += " && rm -rf /work/d && mkdir /work/d && echo b > /work/d/b" // an opaque directory
+		case 7:
+			cmd += " && echo k > /work/keep && ln -s keep /work/link && chmod 0600 /work/keep"
+		}
+		c.MustRun("exec", sbx, "--sh", cmd)
+		var snap api.Snapshot
+		mustJSON(t, c.MustRun("sandbox", "snapshot", sbx, "--name", "traj", "-o", "json"), &snap)
+		if want := fmt.Sprintf("traj@%d", i); snap.Ref != want {
+			t.Fatalf("step %d: snapshot %s, want %s", i, snap.Ref, want)
+		}
+		img = snap.Ref
+	}
+
+	// The last snapshot put the chain past the limit: squashed, soon.
+	var env api.Environment
+	deadline := time.Now().Add(testutil.Scale(2 * time.Minute))
+	for {
+		mustJSON(t, c.MustRun("env", "get", img, "-o", "json"), &env)
+		if env.Squashed != nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if env.Squashed == nil || len(env.Squashed.From) != steps || api.DiffDepth(env.Layers) != 1 ||
+		env.Layers[len(env.Layers)-1].Ref != fmt.Sprintf("traj-squashed@%d", steps) {
+		t.Fatalf("environment %s after %d snapshots: %+v", img, steps, env)
+	}
+	// The same files through the chain (the last step's sandbox was made
+	// from traj@8's chain; the last snapshot only adds its own step) and
+	// through the squash.
+	view := "cd / && find work bin -xdev | sort && for f in $(find work -type f | sort); do echo $f $(cat $f); done && " +
+		"stat -c '%n %a' work/keep && readlink work/link"
+	flat := strings.TrimSpace(c.MustRun("sandbox", "create", "--image", img))
+	want, got := c.MustRun("exec", sbx, "--sh", view), c.MustRun("exec", flat, "--sh", view)
+	if got != want {
+		t.Errorf("a sandbox from the squashed %s sees\n%s\nthe chain's:\n%s", img, got, want)
+	}
+	for _, s := range []string{"work/d/b b", "work/f9 9", "work/latest 9", "work/keep 600", "\nkeep\n"} {
+		if !strings.Contains(got+"\n", s) {
+			t.Errorf("the squashed view lacks %q:\n%s", s, got)
+		}
+	}
+	for _, s := range []string{"work/f1", "work/d/a", "work/d/sub", "bin/vi"} {
+		if strings.Contains(got, s+"\n") {
+			t.Errorf("the squashed view has %s, deleted in the chain:\n%s", s, got)
+		}
+	}
+	// A snapshot on top of the squash stacks one diff on it.
+	c.MustRun("exec", flat, "--sh", "echo 10 > /work/f10")
+	var next api.Snapshot
+	mustJSON(t, c.MustRun("sandbox", "snapshot", flat, "--name", "traj", "-o", "json"), &next)
+	mustJSON(t, c.MustRun("env", "get", next.Ref, "-o", "json"), &env)
+	if api.DiffDepth(env.Layers) != 2 {
+		t.Errorf("a snapshot of a sandbox from the squashed environment: %d diffs", api.DiffDepth(env.Layers))
+	}
+
+	// Squash by hand: an environment with a shorter chain, and one with
+	// nothing to squash.
+	if out := c.MustRun("env", "squash", "traj@4"); !strings.Contains(out, "squashed traj@4: 4 diff layers into traj-squashed@4") {
+		t.Errorf("env squash traj@4: %q", out)
+	}
+	if out := c.MustRun("env", "squash", "busybox"); !strings.Contains(out, "nothing to squash") {
+		t.Errorf("env squash busybox: %q", out)
+	}
+	s4 := strings.TrimSpace(c.MustRun("sandbox", "create", "--image", "traj@4"))
+	if out := c.MustRun("exec", s4, "--sh", "cat /work/latest /work/d/a; test -e /bin/vi && echo vi || echo no-vi"); out != "4\na\nno-vi\n" {
+		t.Errorf("a sandbox from the squashed traj@4: %q", out)
+	}
+	// Removing a squashed snapshot takes its squashed layer along.
+	c.MustRun("sandbox", "rm", s4)
+	c.MustRun("snapshot", "rm", "--force", "traj@4")
+	if _, stderr, code := c.Run("layer", "get", "traj-squashed@4"); code == 0 || !strings.Contains(stderr, "not_found") {
+		t.Errorf("the squashed layer of a removed snapshot: exit %d, %q", code, stderr)
+	}
 }

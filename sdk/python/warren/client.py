@@ -528,6 +528,11 @@ class Client:
             body["timeout"] = timeout
         return self._json("POST", "/v1/environments/" + urllib.parse.quote(ref, safe="@/") + "/publish", body=body)
 
+    def squash_environment(self, ref: str) -> Dict[str, Any]:
+        """Squash the diff layers on top of environment ref into one (a
+        builder's call); returns {"environment": ..., "squashed": bool}."""
+        return self._json("POST", "/v1/environments/" + urllib.parse.quote(ref, safe="@/") + "/squash", body={})
+
     def lineage(self, ref: str) -> Dict[str, Any]:
         """Where a snapshot (id or name@version) or a sandbox (id) comes
         from ("ancestors", "base") and the tree of what was made from it
