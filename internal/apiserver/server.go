@@ -71,7 +71,7 @@ type Config struct {
 	// Squash squashes environments' diff chains (squash.go); nil leaves
 	// them as they are and answers 503 to an explicit squash.
 	Squash EnvSquasher
-	Log *slog.Logger
+	Log    *slog.Logger
 	// Registry receives the server's metrics; nil makes a private one.
 	Registry *prometheus.Registry
 
