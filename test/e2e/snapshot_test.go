@@ -1,12 +1,16 @@
 package e2e
 
 import (
+	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -340,6 +344,24 @@ func TestUpSquash(t *testing.T) {
 			t.Errorf("the squashed view has %s, deleted in the chain:\n%s", s, got)
 		}
 	}
+	// Exported as OCI like any environment: the diff's deletions are OCI
+	// whiteouts and opaque markers in its layer, and the image imported
+	// back shows the same files.
+	layout := filepath.Join(t.TempDir(), "oci")
+	c.MustRun("env", "export", img, "--format", "oci-layout", layout, "-q")
+	names := ociTopLayer(t, layout)
+	for _, n := range []string{"bin/.wh.vi", "work/d/.wh..wh..opq", "work/d/b"} {
+		if !slices.Contains(names, n) {
+			t.Errorf("the exported diff layer lacks %s: %v", n, names)
+		}
+	}
+	c.MustRun("image", "import", "oci-layout:"+layout, "--name", "traj-oci@1", "-q")
+	back := strings.TrimSpace(c.MustRun("sandbox", "create", "--image", "traj-oci@1"))
+	if got := c.MustRun("exec", back, "--sh", view); got != want {
+		t.Errorf("a sandbox from the exported and imported %s sees\n%s\nthe chain's:\n%s", img, got, want)
+	}
+	c.MustRun("sandbox", "rm", back)
+
 	// A snapshot on top of the squash stacks one diff on it.
 	c.MustRun("exec", flat, "--sh", "echo 10 > /work/f10")
 	var next api.Snapshot
@@ -366,5 +388,48 @@ func TestUpSquash(t *testing.T) {
 	c.MustRun("snapshot", "rm", "--force", "traj@4")
 	if _, stderr, code := c.Run("layer", "get", "traj-squashed@4"); code == 0 || !strings.Contains(stderr, "not_found") {
 		t.Errorf("the squashed layer of a removed snapshot: exit %d, %q", code, stderr)
+	}
+}
+
+// ociTopLayer returns the entry names of the top layer of the one image in
+// the OCI layout dir.
+func ociTopLayer(t *testing.T, dir string) []string {
+	t.Helper()
+	blob := func(digest string, v any) []byte {
+		b, err := os.ReadFile(filepath.Join(dir, "blobs", "sha256", strings.TrimPrefix(digest, "sha256:")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v != nil {
+			mustJSON(t, string(b), v)
+		}
+		return b
+	}
+	var index struct{ Manifests []struct{ Digest string } }
+	b, err := os.ReadFile(filepath.Join(dir, "index.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustJSON(t, string(b), &index)
+	if len(index.Manifests) != 1 {
+		t.Fatalf("index: %s", b)
+	}
+	var m struct{ Layers []struct{ Digest string } }
+	blob(index.Manifests[0].Digest, &m)
+	zr, err := gzip.NewReader(bytes.NewReader(blob(m.Layers[len(m.Layers)-1].Digest, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	tr := tar.NewReader(zr)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return names
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, strings.TrimPrefix(strings.TrimSuffix(h.Name, "/"), "./"))
 	}
 }
