@@ -452,6 +452,33 @@ func runCluster(t *testing.T, o clusterOpts) {
 		t.Errorf("ls: %d sandboxes, want %d", len(list.Sandboxes), len(sbs))
 	}
 
+	// A fork too wide for its parent's node: the branches that do not fit
+	// there go to other nodes, which fetch the snapshot's layers from the
+	// shared blob store; every branch sees the parent's files (with the
+	// container backend: the fake one ignores layers).
+	var fork api.ForkResponse
+	if err := json.Unmarshal([]byte(m.mustCLI(0, "sandbox", "fork", sbs[0].ID, "--count", "10", "--all-or-none", "-o", "json")), &fork); err != nil {
+		t.Fatal(err)
+	}
+	where := map[string]int{}
+	var branches []string
+	for _, b := range fork.Sandboxes {
+		where[b.Node]++
+		branches = append(branches, b.ID)
+		if o.backend != "container" {
+			continue // the fake backend ignores layers
+		}
+		if out := m.mustCLI(1, "exec", b.ID, "-w", "/root", "--", "cat", "in.txt"); out != "payload\n" {
+			t.Errorf("branch %s on %s sees %q, want the parent's file", b.ID, b.Node, out)
+		}
+	}
+	if len(fork.Sandboxes) != 10 || where[sbs[0].Node] == 0 || len(where) < 2 {
+		t.Errorf("a fork of 10 from a sandbox on %s: placed %v, want some there and the rest spread", sbs[0].Node, where)
+	}
+	if len(branches) > 0 {
+		m.mustCLI(0, append([]string{"sandbox", "rm"}, branches...)...)
+	}
+
 	// kill -9 the agent of the first sandbox: its sandboxes turn lost
 	// within seconds, through either apiserver, and creates avoid it.
 	victimNode := sbs[0].Node
