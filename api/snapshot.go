@@ -25,6 +25,10 @@ type SnapshotRequest struct {
 	// (~/.cache, package managers'), and the contents of /tmp and
 	// /var/tmp. Stats.Residue says what was left out.
 	KeepResidue bool `json:"keep_residue,omitempty"`
+	// WithProcesses asks for the sandbox's running processes too (CRIU),
+	// not only its files. No node takes such snapshots yet: each answers
+	// 503 process_snapshot_unavailable with its reason (Node.Snapshots).
+	WithProcesses bool `json:"with_processes,omitempty"`
 	// Labels are recorded on the snapshot (a trajectory's step, say).
 	Labels map[string]string `json:"labels,omitempty"`
 }
@@ -104,6 +108,9 @@ type SnapshotList struct {
 const (
 	CodeSnapshotNotFound  = "snapshot_not_found"  // 404
 	CodeSnapshotTooSparse = "snapshot_too_sparse" // 400: over MaxSnapshotHoles
+	// CodeProcessSnapshotUnavailable (503): the node cannot snapshot
+	// processes (WithProcesses); the message says why.
+	CodeProcessSnapshotUnavailable = "process_snapshot_unavailable"
 )
 
 // MaxSnapshotHoles bounds the holes in the files a snapshot takes (their
@@ -123,6 +130,9 @@ type PackRequest struct {
 	// KeepResidue: strip no build residue (a fork keeps its parent's
 	// state whole).
 	KeepResidue bool `json:"keep_residue,omitempty"`
+	// WithProcesses asks for the running processes too; nodes answer 503
+	// process_snapshot_unavailable, saying why (Node.Snapshots).
+	WithProcesses bool `json:"with_processes,omitempty"`
 }
 
 // PackResult is the node's answer to a PackRequest.
@@ -169,6 +179,9 @@ type ForkRequest struct {
 	Count     int               `json:"count,omitempty"` // 1..MaxBatchCount; 0 means 1
 	Labels    map[string]string `json:"labels,omitempty"`
 	AllOrNone bool              `json:"all_or_none,omitempty"`
+	// WithProcesses: the branches continue the parent's processes
+	// (SnapshotRequest.WithProcesses; unavailable everywhere yet).
+	WithProcesses bool `json:"with_processes,omitempty"`
 }
 
 // ForkResponse answers a ForkRequest: the snapshot the branches start

@@ -459,6 +459,17 @@ type Node struct {
 	// Security is what the node enforces on its sandboxes (empty from
 	// nodes that predate it).
 	Security *NodeSecurity `json:"security,omitempty"`
+	// Snapshots says what snapshots the node takes (nil: none).
+	Snapshots *NodeSnapshots `json:"snapshots,omitempty"`
+}
+
+// NodeSnapshots is Node.Snapshots.
+type NodeSnapshots struct {
+	// Kinds are the Snapshot.Kinds the node takes: "filesystem".
+	Kinds []string `json:"kinds"`
+	// Processes says why the node takes no snapshots of running
+	// processes (WithProcesses) when it takes none.
+	ProcessesUnavailable string `json:"processes_unavailable,omitempty"`
 }
 
 // NodeSecurity is Node.Security.

@@ -65,7 +65,7 @@ func newNodeLsCmd(a *app) *cobra.Command {
 				}
 				return writeJSON(a.stdout, api.NodeList{Nodes: nodes})
 			}
-			tw := newTable(a.stdout, "ID", "POOL", "HEALTHY", "ADDRESS", "BACKENDS", "CPU", "MEMORY", "SANDBOXES", "DISK-QUOTA", "NETWORK", "SECURITY", "PROBLEMS")
+			tw := newTable(a.stdout, "ID", "POOL", "HEALTHY", "ADDRESS", "BACKENDS", "CPU", "MEMORY", "SANDBOXES", "DISK-QUOTA", "NETWORK", "SECURITY", "SNAPSHOTS", "PROBLEMS")
 			for _, n := range nodes {
 				health := "yes"
 				if !n.Healthy {
@@ -83,7 +83,7 @@ func newNodeLsCmd(a *app) *cobra.Command {
 					num(n.Usage.CPU)+"/"+num(n.Capacity.CPU),
 					memHuman(n.Usage.Memory)+"/"+memHuman(n.Capacity.Memory),
 					fmt.Sprintf("%d/%d", n.Usage.Sandboxes, n.Capacity.Sandboxes),
-					orDash(n.DiskQuota), network, securitySummary(n.Security),
+					orDash(n.DiskQuota), network, securitySummary(n.Security), snapshotKinds(n.Snapshots),
 					orDash(strings.Join(n.Problems, "; ")))
 			}
 			return tw.Flush()
@@ -128,4 +128,13 @@ func securitySummary(s *api.NodeSecurity) string {
 		parts = append(parts, "userns:off")
 	}
 	return strings.Join(parts, ",")
+}
+
+// snapshotKinds is node ls's SNAPSHOTS column: the kinds the node takes
+// ("filesystem"), "-" for none.
+func snapshotKinds(s *api.NodeSnapshots) string {
+	if s == nil || len(s.Kinds) == 0 {
+		return "-"
+	}
+	return strings.Join(s.Kinds, ",")
 }

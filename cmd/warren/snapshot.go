@@ -40,6 +40,7 @@ stats.residue lists it); --keep-residue keeps it.`,
 	f.StringVar(&req.Version, "version", "", "environment version (default: the next integer version)")
 	f.StringArrayVar(&req.Strip, "strip", nil, "absolute path to leave out (repeatable)")
 	f.BoolVar(&req.KeepResidue, "keep-residue", false, "keep shell histories, caches and temp files")
+	f.BoolVar(&req.WithProcesses, "with-processes", false, "the running processes too (CRIU; no node takes these yet: the error says why, node ls -o json too)")
 	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE on the snapshot (repeatable)")
 	return c
 }
@@ -82,6 +83,7 @@ parent's node when it has room. Prints their ids, one a line.`,
 		},
 	}
 	f := c.Flags()
+	f.BoolVar(&req.WithProcesses, "with-processes", false, "the branches continue the parent's processes (CRIU; no node takes these yet)")
 	f.IntVar(&req.Count, "count", 1, "how many sandboxes")
 	f.BoolVar(&req.AllOrNone, "all-or-none", false, "make all of them or none")
 	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE on the branches (repeatable)")

@@ -104,7 +104,7 @@ func (s *Server) takeSnapshot(ctx context.Context, sn Snapshotter, n Node, id st
 		return api.Snapshot{}, api.Sandbox{}, err
 	}
 	var pack api.PackResult
-	if err := callNode(ctx, n, id, "pack", api.PackRequest{Strip: req.Strip, KeepResidue: req.KeepResidue}, &pack); err != nil {
+	if err := callNode(ctx, n, id, "pack", api.PackRequest{Strip: req.Strip, KeepResidue: req.KeepResidue, WithProcesses: req.WithProcesses}, &pack); err != nil {
 		return api.Snapshot{}, api.Sandbox{}, err
 	}
 	snap, err := sn.RegisterSnapshot(ctx, image.SnapshotSpec{Name: req.Name, Version: req.Version, Labels: req.Labels,
@@ -139,7 +139,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	snap, src, err := s.takeSnapshot(ctx, sn, n, id, api.SnapshotRequest{Labels: req.Labels, KeepResidue: true}, true)
+	snap, src, err := s.takeSnapshot(ctx, sn, n, id, api.SnapshotRequest{Labels: req.Labels, KeepResidue: true, WithProcesses: req.WithProcesses}, true)
 	if err != nil {
 		return err
 	}

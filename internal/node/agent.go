@@ -102,12 +102,13 @@ type Config struct {
 
 // Agent owns the sandboxes of one node. It is safe for concurrent use.
 type Agent struct {
-	cfg      Config
-	backends map[string]backend.Backend
-	problems []string // backends unavailable here, and why
-	disk     string   // api.Node.DiskQuota (disk.go)
-	security *api.NodeSecurity
-	log      *slog.Logger
+	cfg       Config
+	backends  map[string]backend.Backend
+	problems  []string // backends unavailable here, and why
+	disk      string   // api.Node.DiskQuota (disk.go)
+	security  *api.NodeSecurity
+	snapshots *api.NodeSnapshots // snapshot.go
+	log       *slog.Logger
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
@@ -185,6 +186,7 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		a.problems = append(a.problems, "network: "+cfg.NetworkProblem)
 	}
 	a.security = nodeSecurity(a.backends)
+	a.snapshots = nodeSnapshots(ctx, a.backends) // snapshot.go
 	dq, why := nodeDiskQuota(a.backends)
 	a.disk = dq.Mechanism
 	if why != "" {
@@ -330,6 +332,7 @@ func (a *Agent) Status() api.Node {
 		DiskQuota: a.disk,
 		Network:   a.cfg.Network != nil,
 		Security:  a.security,
+		Snapshots: a.snapshots,
 	}
 	for name := range a.backends {
 		n.Backends = append(n.Backends, name)

@@ -7,7 +7,9 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/backend"
+	"github.com/warrenhq/warren/internal/criu"
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/guard"
 	"github.com/warrenhq/warren/internal/rootfs"
 )
 
@@ -29,6 +31,14 @@ func (a *Agent) Pack(ctx context.Context, id string, req api.PackRequest) (api.P
 	start := time.Now()
 	if a.cfg.Packer == nil {
 		return api.PackResult{}, errdefs.Unavailable("snapshot of %s: this node has no blob store to pack layers into", id)
+	}
+	if req.WithProcesses {
+		why := "it takes no snapshots"
+		if a.snapshots != nil {
+			why = a.snapshots.ProcessesUnavailable
+		}
+		return api.PackResult{}, errdefs.New(errdefs.ErrUnavailable, api.CodeProcessSnapshotUnavailable,
+			"snapshot of %s with its processes: node %s cannot: %s; a filesystem snapshot (without --with-processes) can", id, a.cfg.ID, why)
 	}
 	if len(req.Strip) > api.MaxStripPaths {
 		return api.PackResult{}, errdefs.Invalid("snapshot of %s: %d strip paths, at most %d", id, len(req.Strip), api.MaxStripPaths)
@@ -90,4 +100,34 @@ func capList(l []string, n int) []string {
 		return l
 	}
 	return append(l[:n:n], fmt.Sprintf("... and %d more", len(l)-n))
+}
+
+// nodeSnapshots is what snapshots the node's backends take: filesystem
+// ones where a backend is a Snapshotter; processes nowhere yet, and the
+// reason (package criu).
+func nodeSnapshots(ctx context.Context, backends map[string]backend.Backend) *api.NodeSnapshots {
+	fs := false
+	for _, b := range backends {
+		if _, ok := b.(backend.Snapshotter); ok {
+			fs = true
+		}
+	}
+	if !fs {
+		return nil
+	}
+	return &api.NodeSnapshots{Kinds: []string{api.SnapshotKindFilesystem}, ProcessesUnavailable: processesUnavailable(ctx)}
+}
+
+// processesUnavailable says why this node snapshots no processes.
+func processesUnavailable(ctx context.Context) string {
+	v, err := criu.Probe(ctx)
+	if err != nil {
+		return err.Error()
+	}
+	for _, l := range guard.LSMs() {
+		if l.Name == "landlock" && l.Applied {
+			return "criu " + v + " runs here, but sandboxes run under Landlock, which CRIU does not checkpoint: a restored process would run without its domain"
+		}
+	}
+	return "criu " + v + " runs here, but this warren takes filesystem snapshots only"
 }

@@ -166,6 +166,19 @@ print("ok")
 			t.Errorf("%v: exit %d, %q; want %s", tc.args, code, stderr, tc.code)
 		}
 	}
+	// Processes: no node snapshots them (CRIU); each says why, in the
+	// refusal and in node ls.
+	for _, args := range [][]string{{"sandbox", "snapshot", src, "--with-processes"}, {"sandbox", "fork", src, "--with-processes"}} {
+		if _, stderr, code := c.Run(args...); code == 0 || !strings.Contains(stderr, api.CodeProcessSnapshotUnavailable) || !strings.Contains(stderr, "criu") {
+			t.Errorf("%v: exit %d, %q; want %s, saying why", args, code, stderr, api.CodeProcessSnapshotUnavailable)
+		}
+	}
+	var nodes api.NodeList
+	mustJSON(t, c.MustRun("node", "ls", "-o", "json"), &nodes)
+	if len(nodes.Nodes) != 1 || nodes.Nodes[0].Snapshots == nil || !slices.Equal(nodes.Nodes[0].Snapshots.Kinds, []string{"filesystem"}) ||
+		!strings.Contains(nodes.Nodes[0].Snapshots.ProcessesUnavailable, "criu") {
+		t.Errorf("node ls: snapshots %+v", nodes.Nodes[0].Snapshots)
+	}
 	if out := c.MustRun("exec", src, "--sh", "cat /work/artifact"); out != "built-artifact\n" {
 		t.Errorf("the source after refused snapshots: %q", out)
 	}

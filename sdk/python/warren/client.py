@@ -467,7 +467,8 @@ class Client:
     # -- snapshots and forks -----------------------------------------------
 
     def snapshot(self, sid: str, name: str = "", version: str = "", *, strip: Optional[List[str]] = None,
-                 labels: Optional[Dict[str, str]] = None, keep_residue: bool = False) -> Dict[str, Any]:
+                 labels: Optional[Dict[str, str]] = None, keep_residue: bool = False,
+                 with_processes: bool = False) -> Dict[str, Any]:
         """Turn what running sandbox sid wrote into the environment
         name@version (default: the snapshot's id, the next version); the
         sandbox runs on. strip leaves paths out; build residue (shell
@@ -486,20 +487,25 @@ class Client:
             body["labels"] = dict(labels)
         if keep_residue:
             body["keep_residue"] = True
+        if with_processes:
+            body["with_processes"] = True
         return self._json("POST", "/v1/sandboxes/%s/snapshot" % urllib.parse.quote(sid, safe=""), body=body)
 
     def fork(self, sid: str, count: int = 1, *, labels: Optional[Dict[str, str]] = None,
-             all_or_none: bool = True) -> List[Dict[str, Any]]:
+             all_or_none: bool = True, with_processes: bool = False) -> List[Dict[str, Any]]:
         """Make count sandboxes from running sandbox sid's state now, each
         isolated from the others and from sid, which runs on. Returns the
         new sandboxes (with all_or_none=False, those made; the others'
         errors are logged in the answer fork_result() returns)."""
-        return self.fork_result(sid, count, labels=labels, all_or_none=all_or_none)["sandboxes"]
+        return self.fork_result(sid, count, labels=labels, all_or_none=all_or_none,
+                                with_processes=with_processes)["sandboxes"]
 
     def fork_result(self, sid: str, count: int = 1, *, labels: Optional[Dict[str, str]] = None,
-                    all_or_none: bool = True) -> Dict[str, Any]:
+                    all_or_none: bool = True, with_processes: bool = False) -> Dict[str, Any]:
         """fork's whole answer: "snapshot", "gang", "sandboxes", "errors"."""
         body: Dict[str, Any] = {"count": count, "all_or_none": all_or_none}
+        if with_processes:
+            body["with_processes"] = True
         if labels:
             body["labels"] = dict(labels)
         return self._json("POST", "/v1/sandboxes/%s/fork" % urllib.parse.quote(sid, safe=""), body=body)
