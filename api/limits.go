@@ -243,6 +243,9 @@ func CheckCreate(req *CreateSandboxRequest) error {
 	if d := req.IdleTimeout.D(); d != 0 && (d < MinTTL || d > MaxTTL) {
 		return fmt.Errorf("idle_timeout %v: want %v..%v", d, MinTTL, MaxTTL)
 	}
+	if d := req.AutoPause.D(); d != 0 && (d < MinTTL || d > MaxTTL) {
+		return fmt.Errorf("auto_pause %v: want %v..%v", d, MinTTL, MaxTTL)
+	}
 	return nil
 }
 

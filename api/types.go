@@ -62,6 +62,11 @@ type CreateSandboxRequest struct {
 	Labels      map[string]string `json:"labels,omitempty"`
 	TTL         Duration          `json:"ttl,omitempty"`          // lifetime; 0 = server default
 	IdleTimeout Duration          `json:"idle_timeout,omitempty"` // 0 = none
+	// AutoPause pauses the sandbox, instead of deleting it, after this
+	// long without a call (0: never); TTLWhilePaused keeps its TTL
+	// running while it is paused (by default paused time does not count).
+	AutoPause      Duration `json:"auto_pause,omitempty"`
+	TTLWhilePaused bool     `json:"ttl_while_paused,omitempty"`
 	// Network is the egress policy; nil or mode none: loopback only.
 	Network *NetworkPolicy `json:"network,omitempty"`
 	// NodeSelector restricts placement to nodes carrying every one of
@@ -152,12 +157,37 @@ type Sandbox struct {
 	User        string   `json:"user,omitempty"`
 	TTL         Duration `json:"ttl,omitempty"`
 	IdleTimeout Duration `json:"idle_timeout,omitempty"`
+	// AutoPause pauses (not deletes) the sandbox after this long idle.
+	AutoPause Duration `json:"auto_pause,omitempty"`
+	// TTLWhilePaused: the TTL runs on while the sandbox is paused (by
+	// default it stands still, as the idle clock always does).
+	TTLWhilePaused bool `json:"ttl_while_paused,omitempty"`
+	// PausedAt is when the sandbox was paused (State paused), Pause what
+	// its last pause did.
+	PausedAt *time.Time `json:"paused_at,omitempty"`
+	Pause    *PauseInfo `json:"pause,omitempty"`
 	// Network is the egress policy in force and what it refused; absent
 	// for a sandbox with no network (mode none, the default).
 	Network    *SandboxNetwork `json:"network,omitempty"`
 	CreatedAt  time.Time       `json:"created_at"`
 	LastUsedAt time.Time       `json:"last_used_at"`
 	ExpiresAt  *time.Time      `json:"expires_at,omitempty"`
+}
+
+// PauseInfo says what a sandbox's last pause did.
+type PauseInfo struct {
+	By       string  `json:"by"`        // who paused it: "caller", "auto-pause", "selector", "project"
+	FreezeMS float64 `json:"freeze_ms"` // until every process was frozen
+	// MemoryBefore and MemoryAfter are the memory charged to the
+	// sandbox (bytes) before the pause and after its reclaim; Reclaim
+	// says how memory was pushed out, or why none was.
+	MemoryBefore int64  `json:"memory_before"`
+	MemoryAfter  int64  `json:"memory_after"`
+	Reclaim      string `json:"reclaim"`
+	// ResumedAt is when it was resumed last (after this pause), and by
+	// what ("caller", or the call that resumed it: "exec", "files", ...).
+	ResumedAt *time.Time `json:"resumed_at,omitempty"`
+	ResumedBy string     `json:"resumed_by,omitempty"`
 }
 
 // SandboxList is the body of GET /v1/sandboxes.
@@ -520,6 +550,9 @@ type Capacity struct {
 	CPU       float64  `json:"cpu"`
 	Memory    Quantity `json:"memory"`
 	Sandboxes int      `json:"sandboxes"`
+	// Paused (in Usage): how many of the sandboxes are paused. They hold
+	// their memory at its paused size, and no CPU.
+	Paused int `json:"paused,omitempty"`
 }
 
 // NodeList is the body of GET /v1/nodes.
@@ -580,3 +613,55 @@ const (
 // rollout rather than score it. 409 like sandbox_not_running, rather than
 // 410, so that every client that knows the status classes knows it.
 const CodeSandboxGone = "sandbox_gone"
+
+// CodeSandboxBusy (409 Conflict): the sandbox cannot be paused while
+// calls on it are in flight; pause it when they end.
+const CodeSandboxBusy = "sandbox_busy"
+
+// PauseSelector is the body of POST /v1/sandboxes:pause and
+// /v1/sandboxes:resume: every sandbox carrying all of Labels in Project's
+// subtree (the caller's scope when empty), across nodes. At least one of
+// the two must be given.
+type PauseSelector struct {
+	Labels  map[string]string `json:"labels,omitempty"`
+	Project string            `json:"project,omitempty"`
+}
+
+// BulkPauseResult answers a PauseSelector: each sandbox it matched, and
+// per node how many were paused (or resumed) and how many failed.
+type BulkPauseResult struct {
+	Sandboxes []BulkPauseItem          `json:"sandboxes"`
+	Nodes     map[string]BulkNodeCount `json:"nodes"`
+}
+
+// BulkPauseItem is one sandbox of a bulk pause or resume: its state after
+// it, or why it failed.
+type BulkPauseItem struct {
+	ID    string `json:"id"`
+	Node  string `json:"node"`
+	State string `json:"state,omitempty"`
+	Error *Error `json:"error,omitempty"`
+}
+
+// BulkNodeCount is one node's part of a bulk pause or resume.
+type BulkNodeCount struct {
+	Done   int `json:"done"`
+	Failed int `json:"failed"`
+}
+
+// SandboxUpdate is the body of PATCH /v1/sandboxes/{id}: what changes of a
+// live sandbox. TTL counts from the update (the sandbox then ends that
+// long from now: longer or shorter than before); IdleTimeout and
+// AutoPause replace the old ones (0 turns them off). Labels are merged:
+// a key with a value sets it, a key with null removes it; warren.dev/
+// labels are the platform's and cannot change.
+type SandboxUpdate struct {
+	TTL         *Duration          `json:"ttl,omitempty"`
+	IdleTimeout *Duration          `json:"idle_timeout,omitempty"`
+	AutoPause   *Duration          `json:"auto_pause,omitempty"`
+	Labels      map[string]*string `json:"labels,omitempty"`
+}
+
+// LabelPrefixPlatform starts the labels the platform sets (LabelGang,
+// LabelForkOf, ...): an update cannot change them.
+const LabelPrefixPlatform = "warren.dev/"

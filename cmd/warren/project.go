@@ -18,7 +18,8 @@ func projectCommands(a *app) []*cobra.Command {
 	project := &cobra.Command{Use: "project", Aliases: []string{"projects", "proj"},
 		Short: "Create projects, hand them quotas, show their usage"}
 	groupArgs(project)
-	project.AddCommand(newProjectCreateCmd(a), newProjectLsCmd(a), newProjectGetCmd(a), newProjectUpdateCmd(a), newProjectRmCmd(a))
+	project.AddCommand(newProjectCreateCmd(a), newProjectLsCmd(a), newProjectGetCmd(a), newProjectUpdateCmd(a), newProjectRmCmd(a),
+		newProjectPauseCmd(a, false), newProjectPauseCmd(a, true))
 
 	token := &cobra.Command{Use: "token", Aliases: []string{"tokens"}, Short: "Mint, list and revoke API tokens"}
 	groupArgs(token)

@@ -19,6 +19,7 @@ func newSandboxCreateCmd(a *app) *cobra.Command {
 		labels, env      []string
 		selector         []string
 		ttl, idle        time.Duration
+		autoPause        time.Duration
 		count            int
 		allOrNone, build bool
 		network          networkFlags
@@ -81,7 +82,10 @@ value) and, when its value has an "@" and no "=", the environment to start from.
 			if ttl < 0 || idle < 0 {
 				return usagef("--ttl and --idle-timeout must not be negative")
 			}
-			req.TTL, req.IdleTimeout = api.Duration(ttl), api.Duration(idle)
+			if autoPause < 0 {
+				return usagef("--auto-pause must not be negative")
+			}
+			req.TTL, req.IdleTimeout, req.AutoPause = api.Duration(ttl), api.Duration(idle), api.Duration(autoPause)
 			if cmd.Flags().Changed("build") {
 				req.Build = &build
 			}
@@ -139,6 +143,8 @@ value) and, when its value has an "@" and no "=", the environment to start from.
 	f.Int64Var(&req.Resources.DiskInodes, "disk-inodes", 0, "file count limit of the writable layer (default with --disk: one per 16Ki, on xfs and ext4 nodes)")
 	f.DurationVar(&ttl, "ttl", 0, "lifetime, e.g. 30m (server default when 0)")
 	f.DurationVar(&idle, "idle-timeout", 0, "destroy after this long without use (0: never)")
+	f.DurationVar(&autoPause, "auto-pause", 0, "pause (not destroy) after this long without use (0: never)")
+	f.BoolVar(&req.TTLWhilePaused, "ttl-while-paused", false, "let the TTL run on while the sandbox is paused (by default paused time does not count)")
 	f.StringArrayVar(&labels, "label", nil, "label KEY=VALUE (repeatable)")
 	f.StringArrayVar(&selector, "node-selector", nil, "place only on nodes with label KEY=VALUE (repeatable: every one must match)")
 	f.StringVar(&req.Pool, "pool", "", "place only in this node pool: onprem or cloud (no spill to the other)")
@@ -248,6 +254,10 @@ func newSandboxGetCmd(a *app) *cobra.Command {
 				row(tw, "User:", sb.User)
 			}
 			row(tw, "State:", sb.State)
+			if p := sb.Pause; p != nil && sb.State == api.StatePaused && sb.PausedAt != nil {
+				row(tw, "Paused:", fmt.Sprintf("%s by %s: memory %s -> %s (%s), frozen in %.1fms", stamp(*sb.PausedAt, now), p.By,
+					fmtBytes(p.MemoryBefore), fmtBytes(p.MemoryAfter), p.Reclaim, p.FreezeMS))
+			}
 			if sb.Reason != "" {
 				row(tw, "Reason:", sb.Reason)
 			}

@@ -77,14 +77,20 @@ type rule struct {
 var routeRules = map[string]rule{
 	"POST /v1/sandboxes":           {action: iam.ActionSandboxCreate},
 	"POST /v1/sandboxes:batch":     {action: iam.ActionSandboxCreate},
+	"POST /v1/sandboxes:pause":     {action: iam.ActionSandboxLifecycle},
+	"POST /v1/sandboxes:resume":    {action: iam.ActionSandboxLifecycle},
 	"GET /v1/sandboxes":            {action: iam.ActionRead},
 	"GET /v1/sandboxes/{id}":       {action: iam.ActionRead},
 	"DELETE /v1/sandboxes/{id}":    {action: iam.ActionSandboxDelete},
+	"PATCH /v1/sandboxes/{id}":     {action: iam.ActionSandboxLifecycle},
 	"POST /v1/sandboxes/{id}/exec": {action: iam.ActionSandboxExec},
 	"GET /v1/sandboxes/{id}/stat":  {action: iam.ActionSandboxFiles},
 	"GET /v1/sandboxes/{id}/files": {action: iam.ActionSandboxFiles},
 	"PUT /v1/sandboxes/{id}/files": {action: iam.ActionSandboxFiles},
 	"GET /v1/sandboxes/{id}/stats": {action: iam.ActionRead},
+	// Pause and resume: a runner's, like start and stop.
+	"POST /v1/sandboxes/{id}/pause":  {action: iam.ActionSandboxLifecycle},
+	"POST /v1/sandboxes/{id}/resume": {action: iam.ActionSandboxLifecycle},
 	// A snapshot publishes an environment: a builder's. (The node API's
 	// pack, its node half, is not listed: a root admin's, like any
 	// unlisted verb.)

@@ -90,6 +90,16 @@ const sandboxVerbPattern = "/v1/sandboxes/{id}/{verb}"
 // sandboxCall is the one path of the calls on one sandbox: resolve its
 // node (lost nodes answer there, Cluster.Route), check the caller may see
 // the sandbox, and forward the call to the node as it came.
+// forwardSandbox forwards a call on the sandbox itself (PATCH) to its
+// node, as is.
+func (s *Server) forwardSandbox(w http.ResponseWriter, r *http.Request) error {
+	id, n, err := s.sandboxNode(r)
+	if err != nil {
+		return err
+	}
+	return n.Forward(w, r, id)
+}
+
 func (s *Server) sandboxCall(w http.ResponseWriter, r *http.Request) error {
 	id, n, err := s.sandboxNode(r)
 	if err != nil {

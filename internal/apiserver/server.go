@@ -119,9 +119,12 @@ func (s *Server) routes() {
 
 	s.mux.Handle("POST /v1/sandboxes", auth(s.createSandbox))
 	s.mux.Handle("POST /v1/sandboxes:batch", auth(s.createBatch)) // batch.go
+	s.mux.Handle("POST /v1/sandboxes:pause", auth(s.bulkPause))   // pause.go
+	s.mux.Handle("POST /v1/sandboxes:resume", auth(s.bulkPause))
 	s.mux.Handle("GET /v1/sandboxes", auth(s.listSandboxes))
 	s.mux.Handle("GET /v1/sandboxes/{id}", auth(s.getSandbox))
 	s.mux.Handle("DELETE /v1/sandboxes/{id}", auth(s.deleteSandbox))
+	s.mux.Handle("PATCH /v1/sandboxes/{id}", auth(s.forwardSandbox))
 	// Every other call on one sandbox (exec, files, stat, ...): one path,
 	// the verb's rule in routeRules (auth.go), forwarded to its node.
 	s.mux.Handle(sandboxVerbPattern, auth(s.sandboxCall))

@@ -144,7 +144,8 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	tmpl := api.CreateSandboxRequest{Backend: src.Backend, Image: snap.Ref, Resources: src.Resources,
-		Labels: maps.Clone(src.Labels), TTL: src.TTL, IdleTimeout: src.IdleTimeout, Project: src.Project, Build: &src.Build}
+		Labels: maps.Clone(src.Labels), TTL: src.TTL, IdleTimeout: src.IdleTimeout, Project: src.Project, Build: &src.Build,
+		AutoPause: src.AutoPause, TTLWhilePaused: src.TTLWhilePaused}
 	if tmpl.Labels == nil {
 		tmpl.Labels = map[string]string{}
 	}

@@ -209,6 +209,32 @@ type Statser interface {
 	Stats(ctx context.Context, id string) (Stats, error)
 }
 
+// Pauser holds sandboxes still and pushes their memory out, and lets
+// them run again: what a node does with the sandboxes of a preempted
+// trainer. A paused sandbox's processes get no CPU and its memory goes to
+// swap (or zram) where the node has some; file pages go back to their
+// files in any case. Its state is StatePaused (Recover says so too).
+type Pauser interface {
+	// Pause freezes sandbox id, then reclaims its memory as far as the
+	// node can. ErrConflict when it is not running; paused already is
+	// no error.
+	Pause(ctx context.Context, id string) (PauseStats, error)
+	// Resume thaws it; its pages come back as they are touched. Running
+	// already is no error.
+	Resume(ctx context.Context, id string) error
+}
+
+// PauseStats say what a Pause did.
+type PauseStats struct {
+	Freeze time.Duration // until every process was frozen
+	// Before and After are the memory charged to the sandbox (bytes)
+	// before the freeze and after the reclaim.
+	Before, After int64
+	// Reclaim is how memory was pushed out ("memory.reclaim",
+	// "memory.force_empty"), or "none: WHY".
+	Reclaim string
+}
+
 // Snapshotter captures what a sandbox wrote, for a snapshot or a fork:
 // its writable layer as an overlayfs upper directory (whiteouts as 0/0
 // character devices, opaque directories by the trusted.overlay.opaque

@@ -116,6 +116,7 @@ type Agent struct {
 	// shuttingDown: StopSandboxes is on, and admits no more creates.
 	shuttingDown bool
 	reserved     usage     // resources of live sandboxes and creates in flight
+	paused       int       // sandboxes paused (pause.go)
 	changes      changeLog // what Changes tells (changes.go); its tombstones under mu
 	graves       graves    // why recently ended sandboxes ended (reaper.go)
 
@@ -325,6 +326,7 @@ func (a *Agent) Status() api.Node {
 			CPU:       a.reserved.cpu,
 			Memory:    api.Quantity(a.reserved.memory),
 			Sandboxes: a.reserved.sandboxes,
+			Paused:    a.paused,
 		},
 		Healthy:   len(a.backends) > 0,
 		Problems:  append([]string(nil), a.problems...),

@@ -16,10 +16,15 @@ import (
 )
 
 // running returns a live sandbox that is running, or a classified error.
-func (a *Agent) running(id string) (*sandbox, error) {
+func (a *Agent) running(ctx context.Context, id, verb string) (*sandbox, error) {
 	s, err := a.lookup(id)
 	if err != nil {
 		return nil, err
+	}
+	if s.isPaused() {
+		if err := a.resume(ctx, s, verb); err != nil {
+			return nil, err
+		}
 	}
 	s.mu.Lock()
 	state, deleting, reason := s.view.State, s.deleting, s.endReason
@@ -44,7 +49,7 @@ func (a *Agent) Exec(ctx context.Context, id string, req api.ExecRequest, stdout
 	if err != nil {
 		return api.ExecResult{}, err
 	}
-	ex, s, done, err := call[backend.Execer](a, id, "exec")
+	ex, s, done, err := call[backend.Execer](ctx, a, id, "exec")
 	if err != nil {
 		return api.ExecResult{}, err
 	}
@@ -145,14 +150,14 @@ func (a *Agent) execRequest(req api.ExecRequest) (backend.ExecRequest, error) {
 
 // files returns a running sandbox's file access after checking path, with
 // the call begun (reaper.go): done must end it, and gives the answer.
-func (a *Agent) files(id, p string) (backend.Files, func(error) error, error) {
+func (a *Agent) files(ctx context.Context, id, p string) (backend.Files, func(error) error, error) {
 	if p == "" || !path.IsAbs(p) {
 		return nil, nil, errdefs.Invalid("path %q: must be absolute", p)
 	}
 	if strings.ContainsRune(p, 0) {
 		return nil, nil, errdefs.Invalid("path contains a NUL byte")
 	}
-	f, _, done, err := call[backend.Files](a, id, "file transfer")
+	f, _, done, err := call[backend.Files](ctx, a, id, "file transfer")
 	if err != nil {
 		return nil, nil, err
 	}
@@ -161,7 +166,7 @@ func (a *Agent) files(id, p string) (backend.Files, func(error) error, error) {
 
 // Stat describes a path inside a sandbox.
 func (a *Agent) Stat(ctx context.Context, id, p string) (api.FileInfo, error) {
-	f, done, err := a.files(id, p)
+	f, done, err := a.files(ctx, id, p)
 	if err != nil {
 		return api.FileInfo{}, err
 	}
@@ -177,7 +182,7 @@ func (a *Agent) WriteFile(ctx context.Context, id, p string, mode uint32, r io.R
 	if mode&^0o7777 != 0 {
 		return errdefs.Invalid("mode %o: only permission bits", mode)
 	}
-	f, done, err := a.files(id, p)
+	f, done, err := a.files(ctx, id, p)
 	if err != nil {
 		return err
 	}
@@ -186,7 +191,7 @@ func (a *Agent) WriteFile(ctx context.Context, id, p string, mode uint32, r io.R
 
 // ReadFile streams one regular file out of a sandbox.
 func (a *Agent) ReadFile(ctx context.Context, id, p string, w io.Writer) error {
-	f, done, err := a.files(id, p)
+	f, done, err := a.files(ctx, id, p)
 	if err != nil {
 		return err
 	}
@@ -195,7 +200,7 @@ func (a *Agent) ReadFile(ctx context.Context, id, p string, w io.Writer) error {
 
 // WriteTar extracts a tar stream under dir inside a sandbox.
 func (a *Agent) WriteTar(ctx context.Context, id, dir string, r io.Reader) error {
-	f, done, err := a.files(id, dir)
+	f, done, err := a.files(ctx, id, dir)
 	if err != nil {
 		return err
 	}
@@ -204,7 +209,7 @@ func (a *Agent) WriteTar(ctx context.Context, id, dir string, r io.Reader) error
 
 // ReadTar streams a file or directory tree out of a sandbox as a tar.
 func (a *Agent) ReadTar(ctx context.Context, id, p string, w io.Writer) error {
-	f, done, err := a.files(id, p)
+	f, done, err := a.files(ctx, id, p)
 	if err != nil {
 		return err
 	}

@@ -108,7 +108,7 @@ func policyOf(v api.Sandbox) *netpolicy.Policy {
 // interface, to none it loses it, between networked policies the rules
 // change in one transaction. The answer is the policy now in force.
 func (a *Agent) UpdateNetwork(ctx context.Context, id string, u api.NetworkUpdate) (api.SandboxNetwork, error) {
-	b, s, done, err := call[backend.Backend](a, id, "network")
+	b, s, done, err := call[backend.Backend](ctx, a, id, "network")
 	if err != nil {
 		return api.SandboxNetwork{}, err
 	}

@@ -29,8 +29,8 @@ type PortDial func(ctx context.Context, port int) (net.Conn, error)
 // calls. Errors: as every call's (404, 409, 400 not_supported); dial's, 400
 // for a port outside 1-65535 and 502 port_unreachable when nothing
 // accepts.
-func (a *Agent) Ports(id string) (dial PortDial, done func(error) error, err error) {
-	pd, _, done, err := call[backend.PortDialer](a, id, "ports")
+func (a *Agent) Ports(ctx context.Context, id string) (dial PortDial, done func(error) error, err error) {
+	pd, _, done, err := call[backend.PortDialer](ctx, a, id, "ports")
 	if err != nil {
 		return nil, nil, err
 	}
@@ -42,7 +42,7 @@ func (a *Agent) Ports(id string) (dial PortDial, done func(error) error, err err
 // is closed: while it is open the sandbox's idle timeout does not run.
 // Errors as Ports'.
 func (a *Agent) DialPort(ctx context.Context, id string, port int) (net.Conn, error) {
-	dial, done, err := a.Ports(id)
+	dial, done, err := a.Ports(ctx, id)
 	if err != nil {
 		return nil, err
 	}

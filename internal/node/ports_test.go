@@ -120,7 +120,7 @@ func TestPortsCallScope(t *testing.T) {
 	}
 	defer ln.Close()
 	go echo(ln)
-	dial, done, err := a.Ports(sb.ID)
+	dial, done, err := a.Ports(context.Background(), sb.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +138,7 @@ func TestPortsCallScope(t *testing.T) {
 	if n := a.calls(sb.ID); n != 0 {
 		t.Errorf("calls after done with a connection still open: %d, want 0", n)
 	}
-	if _, _, err := a.Ports("n1-aaaaaaaaaaaaaaaa"); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, _, err := a.Ports(context.Background(), "n1-aaaaaaaaaaaaaaaa"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Ports of an unknown sandbox: %v", err)
 	}
 }

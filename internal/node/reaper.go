@@ -50,7 +50,9 @@ func (a *Agent) reap(now time.Time) int {
 		if ended != "" {
 			n++
 			a.log.Info("reaped sandbox", "sandbox", s.spec.ID, "reason", ended)
+			continue
 		}
+		a.autoPause(s, now) // pause.go
 	}
 	return n
 }
@@ -67,17 +69,20 @@ func (a *Agent) all() []*sandbox {
 
 // expiry is why the reaper should end s now, or "". The TTL is a hard
 // limit; the idle timeout counts from the end of the last call and never
-// runs while one is in flight. Sandboxes on a lost backend stay: nothing
-// here can clean them up, and their state says so. s.mu is held.
+// runs while one is in flight. Neither runs while s is paused (its TTL
+// moves on by the paused time when it resumes), unless it asked for its
+// TTL to (TTLWhilePaused). Sandboxes on a lost backend stay: nothing here
+// can clean them up, and their state says so. s.mu is held.
 func (s *sandbox) expiry(now time.Time) string {
 	if _, lost := s.backend.(lostBackend); lost {
 		return ""
 	}
 	v := &s.view
+	paused := v.State == api.StatePaused
 	switch {
-	case v.ExpiresAt != nil && now.After(*v.ExpiresAt):
+	case v.ExpiresAt != nil && now.After(*v.ExpiresAt) && (!paused || v.TTLWhilePaused):
 		return endTTL
-	case v.IdleTimeout > 0 && s.calls == 0 && now.Sub(v.LastUsedAt) > v.IdleTimeout.D():
+	case !paused && v.IdleTimeout > 0 && s.calls == 0 && now.Sub(v.LastUsedAt) > v.IdleTimeout.D():
 		return endIdle
 	}
 	return ""
@@ -133,7 +138,10 @@ func (a *Agent) end(ctx context.Context, s *sandbox, why func(*sandbox) string) 
 		delete(a.sandboxes, id)
 		a.changes.buried(id)
 		a.graves.add(id, reason, time.Now().UTC())
-		a.reserved.add(s.view.Resources, -1)
+		a.reserved.add(s.held, -1)
+		if s.heldPaused {
+			a.paused--
+		}
 	}
 	a.mu.Unlock()
 	a.log.Info("sandbox deleted", "sandbox", id, "reason", reason)

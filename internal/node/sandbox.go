@@ -35,6 +35,13 @@ type sandbox struct {
 	// calls counts the calls in flight (execs, file transfers): the idle
 	// reaper leaves a sandbox with any alone (reaper.go).
 	calls int
+	// pauseMu serialises pauses and resumes (pause.go); held stands for
+	// what the sandbox holds of the node's reservation: its resources,
+	// or while paused its memory at its paused size. Guarded by
+	// Agent.mu.
+	pauseMu    sync.Mutex
+	held       api.Resources
+	heldPaused bool
 	// ends counts the times the platform set out to end the sandbox, and
 	// endReason says why the last time: a call that saw ends change
 	// while it ran answers sandbox_gone with the reason, not whatever the
@@ -117,6 +124,9 @@ func (a *Agent) validate(req *api.CreateSandboxRequest) error {
 	}
 	if req.IdleTimeout != 0 && req.IdleTimeout.D() < time.Second {
 		return errdefs.Invalid("idle_timeout %v: at least 1s", req.IdleTimeout)
+	}
+	if req.AutoPause != 0 && req.AutoPause.D() < time.Second {
+		return errdefs.Invalid("auto_pause %v: at least 1s", req.AutoPause)
 	}
 	for k := range req.Env {
 		if !api.ValidEnvName(k) {
@@ -280,23 +290,25 @@ func (a *Agent) create(ctx context.Context, b backend.Backend, req api.CreateSan
 		maps.Copy(env, req.Env)
 	}
 	view := api.Sandbox{
-		ID:          id,
-		Node:        a.cfg.ID,
-		Project:     req.Project,
-		Build:       req.Build != nil && *req.Build,
-		Backend:     b.Name(),
-		Image:       img.Name,
-		State:       api.StateCreating,
-		Resources:   req.Resources,
-		Env:         env,
-		Labels:      req.Labels,
-		Layers:      append([]string(nil), img.Layers...),
-		Workdir:     img.Workdir,
-		User:        img.User,
-		TTL:         req.TTL,
-		IdleTimeout: req.IdleTimeout,
-		CreatedAt:   now,
-		LastUsedAt:  now,
+		ID:             id,
+		Node:           a.cfg.ID,
+		Project:        req.Project,
+		Build:          req.Build != nil && *req.Build,
+		Backend:        b.Name(),
+		Image:          img.Name,
+		State:          api.StateCreating,
+		Resources:      req.Resources,
+		Env:            env,
+		Labels:         req.Labels,
+		Layers:         append([]string(nil), img.Layers...),
+		Workdir:        img.Workdir,
+		User:           img.User,
+		TTL:            req.TTL,
+		IdleTimeout:    req.IdleTimeout,
+		AutoPause:      req.AutoPause,
+		TTLWhilePaused: req.TTLWhilePaused,
+		CreatedAt:      now,
+		LastUsedAt:     now,
 	}
 	exp := now.Add(req.TTL.D())
 	view.ExpiresAt = &exp
@@ -360,7 +372,7 @@ func (a *Agent) create(ctx context.Context, b backend.Backend, req api.CreateSan
 	if err := a.writeRecord(record{Sandbox: view, Spec: spec}); err != nil {
 		return fail(err)
 	}
-	s := &sandbox{backend: b, spec: spec, view: view, log: &a.changes}
+	s := &sandbox{backend: b, spec: spec, view: view, log: &a.changes, held: view.Resources}
 	a.mu.Lock()
 	s.rev = a.changes.next()
 	a.sandboxes[id] = s

@@ -43,7 +43,7 @@ func (a *Agent) Pack(ctx context.Context, id string, req api.PackRequest) (api.P
 	if len(req.Strip) > api.MaxStripPaths {
 		return api.PackResult{}, errdefs.Invalid("snapshot of %s: %d strip paths, at most %d", id, len(req.Strip), api.MaxStripPaths)
 	}
-	b, s, done, err := call[backend.Snapshotter](a, id, "snapshot")
+	b, s, done, err := call[backend.Snapshotter](ctx, a, id, "snapshot")
 	if err != nil {
 		return api.PackResult{}, err
 	}

@@ -135,14 +135,26 @@ func (a *Agent) adopt(ctx context.Context, r record) {
 	switch {
 	case err != nil:
 		r.Sandbox.State, r.Sandbox.Reason = api.StateLost, "not recovered after agent restart: "+err.Error()
-	case st.State == backend.StateRunning:
+	case st.State == backend.StatePaused && r.Sandbox.State == api.StatePaused:
+		// Paused it stays, until a caller or a call resumes it.
+	case st.State == backend.StateRunning || st.State == backend.StatePaused:
+		// Running (a pause the agent died in the middle of is taken
+		// back: its record was not written, or its cgroup never froze).
+		if st.State == backend.StatePaused {
+			if p, ok := b.(backend.Pauser); ok {
+				if err := p.Resume(ctx, id); err != nil {
+					a.log.Error("resume a sandbox left frozen", "sandbox", id, "err", err)
+				}
+			}
+		}
 		if r.Sandbox.State != api.StateRunning {
 			r.Sandbox.State, r.Sandbox.Reason = api.StateRunning, ""
+			r.Sandbox.PausedAt = nil
 		}
-	case r.Sandbox.State == api.StateRunning:
+	case r.Sandbox.State == api.StateRunning || r.Sandbox.State == api.StatePaused:
 		r.Sandbox.State, r.Sandbox.Reason = api.StateFailed, fmt.Sprintf("sandbox init exited (code %d) while the agent was down", st.ExitCode)
 	}
-	if r.Sandbox.State == api.StateRunning {
+	if r.Sandbox.State == api.StateRunning || r.Sandbox.State == api.StatePaused {
 		a.adoptNetwork(ctx, b, &r.Sandbox)
 	}
 	// The idle clock restarts: the agent cannot know what happened while
@@ -150,7 +162,7 @@ func (a *Agent) adopt(ctx context.Context, r record) {
 	r.Sandbox.LastUsedAt = time.Now().UTC()
 	s := a.keep(b, r)
 	a.persist(s)
-	if r.Sandbox.State == api.StateRunning {
+	if r.Sandbox.State == api.StateRunning || r.Sandbox.State == api.StatePaused {
 		a.watch(s)
 	}
 	a.log.Info("re-adopted sandbox", "sandbox", id, "state", r.Sandbox.State)
@@ -163,14 +175,20 @@ func (a *Agent) keep(b backend.Backend, r record) *sandbox {
 			r.Sandbox.Layers = append(r.Sandbox.Layers, l.Digest)
 		}
 	}
-	s := &sandbox{backend: b, spec: r.Spec, view: r.Sandbox, log: &a.changes}
+	s := &sandbox{backend: b, spec: r.Spec, view: r.Sandbox, log: &a.changes, held: r.Sandbox.Resources}
 	if b == nil {
 		s.backend = lostBackend{name: r.Sandbox.Backend}
+	}
+	if r.Sandbox.State == api.StatePaused {
+		s.held, s.heldPaused = pausedHold(r.Sandbox), true
 	}
 	a.mu.Lock()
 	s.rev = a.changes.next()
 	a.sandboxes[r.Sandbox.ID] = s
-	a.reserved.add(r.Sandbox.Resources, 1)
+	a.reserved.add(s.held, 1)
+	if s.heldPaused {
+		a.paused++
+	}
 	a.mu.Unlock()
 	return s
 }

@@ -521,6 +521,8 @@ func (c *Container) status(s *sandbox) backend.Status {
 		}
 	case c.created(id):
 		st.State = backend.StateCreated
+	case s.paused():
+		st.State = backend.StatePaused
 	default:
 		st.State = backend.StateRunning
 	}

@@ -70,7 +70,7 @@ func (s *Server) portHTTP(p *httputil.ReverseProxy, w http.ResponseWriter, r *ht
 		return err
 	}
 	id := r.PathValue("id")
-	dial, done, err := s.agent.Ports(id)
+	dial, done, err := s.agent.Ports(r.Context(), id)
 	if err != nil {
 		return err
 	}

@@ -66,9 +66,12 @@ type Agent interface {
 	ReadTar(ctx context.Context, id, path string, w io.Writer) error
 	Stats(ctx context.Context, id string) (api.SandboxStats, error)
 	Pack(ctx context.Context, id string, req api.PackRequest) (api.PackResult, error)
+	Pause(ctx context.Context, id, by string) (api.Sandbox, error)
+	Resume(ctx context.Context, id, by string) (api.Sandbox, error)
+	Update(ctx context.Context, id string, u api.SandboxUpdate) (api.Sandbox, error)
 	UpdateNetwork(ctx context.Context, id string, u api.NetworkUpdate) (api.SandboxNetwork, error)
 	// Ports and DialPort reach a sandbox's ports (ports.go).
-	Ports(id string) (dial node.PortDial, done func(error) error, err error)
+	Ports(ctx context.Context, id string) (dial node.PortDial, done func(error) error, err error)
 	DialPort(ctx context.Context, id string, port int) (net.Conn, error)
 }
 
@@ -155,6 +158,9 @@ func (s *Server) routes() {
 	// apiserver serves itself (its records are the control plane's).
 	s.mux.Handle("POST /v1/sandboxes/{id}/pack", h(s.pack))
 	s.mux.Handle("PATCH /v1/sandboxes/{id}/network", h(s.network))
+	s.mux.Handle("PATCH /v1/sandboxes/{id}", h(s.update))
+	s.mux.Handle("POST /v1/sandboxes/{id}/pause", h(s.pause))
+	s.mux.Handle("POST /v1/sandboxes/{id}/resume", h(s.pause))
 	s.portRoutes() // ports.go
 	s.mux.Handle("/", h(func(w http.ResponseWriter, r *http.Request) error {
 		return errdefs.New(errdefs.ErrNotFound, api.CodeNotFound, "no node API route for %s %s", r.Method, r.URL.Path)
@@ -434,6 +440,39 @@ func (s *Server) pack(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	return httperr.WriteJSON(w, http.StatusOK, res)
+}
+
+func (s *Server) update(w http.ResponseWriter, r *http.Request) error {
+	var u api.SandboxUpdate
+	if err := httperr.DecodeJSON(w, r, &u); err != nil {
+		return err
+	}
+	sb, err := s.agent.Update(r.Context(), r.PathValue("id"), u)
+	if err != nil {
+		return err
+	}
+	return httperr.WriteJSON(w, http.StatusOK, sb)
+}
+
+// pause serves POST .../pause and .../resume: ?by= says who pauses
+// (api.PauseInfo.By; default "caller").
+func (s *Server) pause(w http.ResponseWriter, r *http.Request) error {
+	by := r.URL.Query().Get("by")
+	if by == "" {
+		by = node.PausedByCaller
+	}
+	if len(by) > 32 {
+		return errdefs.Invalid("by %q: at most 32 bytes", by)
+	}
+	f := s.agent.Pause
+	if strings.HasSuffix(r.URL.Path, "/resume") {
+		f = s.agent.Resume
+	}
+	sb, err := f(r.Context(), r.PathValue("id"), by)
+	if err != nil {
+		return err
+	}
+	return httperr.WriteJSON(w, http.StatusOK, sb)
 }
 
 func (s *Server) stats(w http.ResponseWriter, r *http.Request) error {

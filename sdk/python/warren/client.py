@@ -321,6 +321,51 @@ class Client:
         """Destroy a sandbox. Idempotent."""
         self._request("DELETE", "/v1/sandboxes/" + sid).close()
 
+    # -- pause and resume -------------------------------------------------
+
+    def pause(self, sid: str) -> Dict[str, Any]:
+        """Pause a running sandbox: its processes frozen, its memory pushed
+        out where the node can, its TTL and idle clocks stopped. Any later
+        call on it resumes it first. Returns the sandbox ("pause" says what
+        the pause did)."""
+        return self._json("POST", "/v1/sandboxes/%s/pause" % urllib.parse.quote(sid, safe=""), body={})
+
+    def resume(self, sid: str) -> Dict[str, Any]:
+        """Resume a paused sandbox (a running one is left as it is)."""
+        return self._json("POST", "/v1/sandboxes/%s/resume" % urllib.parse.quote(sid, safe=""), body={})
+
+    def pause_sandboxes(self, labels: Optional[Dict[str, str]] = None, project: str = "") -> Dict[str, Any]:
+        """Pause every running sandbox with these labels in project's subtree
+        (at least one of the two), across nodes: {"sandboxes": [...],
+        "nodes": {node: {"done": n, "failed": n}}}."""
+        return self._json("POST", "/v1/sandboxes:pause", body=self._selector(labels, project))
+
+    def resume_sandboxes(self, labels: Optional[Dict[str, str]] = None, project: str = "") -> Dict[str, Any]:
+        """Resume every paused sandbox the selector matches (pause_sandboxes)."""
+        return self._json("POST", "/v1/sandboxes:resume", body=self._selector(labels, project))
+
+    @staticmethod
+    def _selector(labels: Optional[Dict[str, str]], project: str) -> Dict[str, Any]:
+        body: Dict[str, Any] = {}
+        if labels:
+            body["labels"] = dict(labels)
+        if project:
+            body["project"] = project
+        return body
+
+    def update_sandbox(self, sid: str, *, ttl: Any = None, idle_timeout: Any = None, auto_pause: Any = None,
+                       labels: Optional[Dict[str, Optional[str]]] = None) -> Dict[str, Any]:
+        """Change a live sandbox: ttl (it ends that long from now; "2h" or
+        seconds), idle_timeout, auto_pause (0 turns them off), labels
+        (a None value removes the label)."""
+        body: Dict[str, Any] = {}
+        for k, v in (("ttl", ttl), ("idle_timeout", idle_timeout), ("auto_pause", auto_pause)):
+            if v is not None:
+                body[k] = v
+        if labels:
+            body["labels"] = dict(labels)
+        return self._json("PATCH", "/v1/sandboxes/" + urllib.parse.quote(sid, safe=""), body=body)
+
     # -- exec -------------------------------------------------------------
 
     @staticmethod

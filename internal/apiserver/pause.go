@@ -1,0 +1,110 @@
+package apiserver
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/httperr"
+	"github.com/warrenhq/warren/internal/iam"
+	"github.com/warrenhq/warren/internal/node"
+)
+
+// Bulk pause and resume: POST /v1/sandboxes:pause and :resume pause (or
+// resume) every sandbox a selector matches, across nodes, each through
+// its node's own pause (POST /v1/sandboxes/{id}/pause, forwarded like
+// every call on one sandbox). A trainer preempted pauses its project's
+// sandboxes in one call; when it comes back, any call on one resumes it,
+// or a bulk resume does them all.
+
+// bulkPauseWidth bounds the pauses in flight on one node.
+const bulkPauseWidth = 8
+
+func (s *Server) bulkPause(w http.ResponseWriter, r *http.Request) error {
+	resume := strings.HasSuffix(r.URL.Path, ":resume")
+	var sel api.PauseSelector
+	if err := decodeJSON(w, r, &sel); err != nil {
+		return err
+	}
+	if len(sel.Labels) == 0 && sel.Project == "" {
+		return errdefs.Invalid("a bulk pause or resume needs labels, a project or both")
+	}
+	if err := api.CheckLabels("labels", sel.Labels, api.MaxLabels); err != nil {
+		return errdefs.Request(err)
+	}
+	ctx := r.Context()
+	p := principal(ctx)
+	project, err := projectFor(p, sel.Project, iam.ActionSandboxLifecycle)
+	if err != nil {
+		return err
+	}
+	by := "selector"
+	if len(sel.Labels) == 0 {
+		by = "project"
+	}
+	res, err := s.pauseAll(ctx, project, sel.Labels, resume, by)
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, res)
+}
+
+// pauseAll pauses (or resumes) the sandboxes in project's subtree that
+// carry labels: the running ones (or the paused ones), nodes in
+// parallel, bulkPauseWidth at a time on each.
+func (s *Server) pauseAll(ctx context.Context, project string, labels map[string]string, resume bool, by string) (api.BulkPauseResult, error) {
+	list, err := s.cluster.List(ctx, node.Filter{Labels: labels})
+	if err != nil {
+		return api.BulkPauseResult{}, err
+	}
+	want, verb := api.StateRunning, "pause?by="+by
+	if resume {
+		want, verb = api.StatePaused, "resume?by=caller"
+	}
+	byNode := map[string][]api.Sandbox{}
+	for _, sb := range inScope(list, project, builder(ctx)) {
+		if sb.State == want {
+			byNode[sb.Node] = append(byNode[sb.Node], sb)
+		}
+	}
+	res := api.BulkPauseResult{Sandboxes: []api.BulkPauseItem{}, Nodes: map[string]api.BulkNodeCount{}}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for nodeID, sbs := range byNode {
+		sem := make(chan struct{}, bulkPauseWidth)
+		for _, sb := range sbs {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				item := api.BulkPauseItem{ID: sb.ID, Node: nodeID}
+				n, err := s.routeNode(sb.ID)
+				var out api.Sandbox
+				if err == nil {
+					err = callNode(ctx, n, sb.ID, verb, struct{}{}, &out)
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				c := res.Nodes[nodeID]
+				if err != nil {
+					_, e := httperr.ToAPI(err)
+					item.Error = &e
+					c.Failed++
+				} else {
+					item.State = out.State
+					c.Done++
+				}
+				res.Nodes[nodeID] = c
+				res.Sandboxes = append(res.Sandboxes, item)
+			}()
+		}
+	}
+	wg.Wait()
+	s.log.Info("bulk "+map[bool]string{false: "pause", true: "resume"}[resume], "project", project, "labels", labels,
+		"sandboxes", len(res.Sandboxes), "nodes", len(res.Nodes))
+	return res, nil
+}
