@@ -491,6 +491,10 @@ type Node struct {
 	Security *NodeSecurity `json:"security,omitempty"`
 	// Snapshots says what snapshots the node takes (nil: none).
 	Snapshots *NodeSnapshots `json:"snapshots,omitempty"`
+	// PauseReclaim says what pausing a sandbox pushes out of memory
+	// here: anonymous memory to swap (how much), or file pages only
+	// (no swap). Empty where no backend pauses.
+	PauseReclaim string `json:"pause_reclaim,omitempty"`
 }
 
 // NodeSnapshots is Node.Snapshots.

@@ -16,6 +16,7 @@ import (
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/daemon"
 	"github.com/warrenhq/warren/internal/placement"
+	"github.com/warrenhq/warren/internal/swap"
 )
 
 const envNodeToken = "WARREN_NODE_TOKEN"
@@ -168,6 +169,7 @@ s3://bucket/prefix?endpoint=host:port (see "warren apiserver --help").`,
 	f.StringArrayVar(&labels, "label", nil, "node label key=value (repeatable)")
 	f.StringVar(&cfg.Blobs, "blobs", "", "blob store shared with the apiservers: a directory or s3://bucket/prefix?endpoint=host:port (default <data-dir>/blobs)")
 	f.IntVar(&cfg.Limits.Sandboxes, "max-sandboxes", 0, "sandboxes this node admits (0: 1000)")
+	swapFlag(f, &cfg.Swap)
 	quantityVar(f, &cfg.DefaultDisk, "default-disk", "writable layer limit of a sandbox that asks for none, e.g. 10Gi (0: none; needs a data dir on btrfs, or xfs or ext4 with project quotas)")
 	f.StringVar(&cfg.Backend, "backend", "container", "sandbox backend: container")
 	f.BoolVar(&cfg.StopSandboxes, "stop-sandboxes", false, "end every sandbox of this node when the agent stops (default: they keep running and the next agent on --data-dir re-adopts them)")
@@ -204,4 +206,13 @@ func (q *quantityValue) Set(s string) error {
 func fnFlags(f *pflag.FlagSet, cfg *daemon.FnConfig) {
 	f.BoolVar(&cfg.Disabled, "no-fn", false, "serve no FnCall on this node")
 	f.StringVar(&cfg.RuntimesFile, "fn-runtimes", "", `FnCall runtimes, a JSON file {"runtimes": [...]} (default: python3, c, cpp, sh)`)
+}
+
+// swapFlag is --swap zram:SIZE (daemon.AgentConfig.Swap).
+func swapFlag(f *pflag.FlagSet, size *int64) {
+	f.Func("swap", "give the host a zram swap device of SIZE if it has no swap (zram:4Gi), so that paused sandboxes' anonymous memory is pushed out too", func(s string) error {
+		n, err := swap.ParseSpec(s)
+		*size = n
+		return err
+	})
 }

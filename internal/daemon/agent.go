@@ -26,6 +26,7 @@ import (
 	"github.com/warrenhq/warren/internal/node"
 	"github.com/warrenhq/warren/internal/node/nodeapi"
 	"github.com/warrenhq/warren/internal/store"
+	"github.com/warrenhq/warren/internal/swap"
 )
 
 // AgentConfig configures `warren agent`: one node agent that serves the
@@ -71,6 +72,11 @@ type AgentConfig struct {
 	// DefaultDisk limits the writable layer of a sandbox that asks for no
 	// disk limit (0: none); Agent fails if no backend can enforce it.
 	DefaultDisk int64
+	// Swap, if set, gives the host a zram swap device of that many bytes
+	// when it has no swap at all, so that pausing a sandbox pushes out
+	// its anonymous memory too (package swap). It stays when the agent
+	// stops: paused sandboxes' memory is in it.
+	Swap int64
 	// Backend is "container", the default and the only backend a
 	// production build has.
 	Backend string
@@ -177,6 +183,9 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 		var stopNetwork func()
 		network, netProblem, stopNetwork = startNetwork(ctx, cfg.Network, filepath.Join(nodeDir, "network"), append(slices.Clone(cfg.APIServers), cfg.Etcd...), log)
 		defer stopNetwork()
+	}
+	if cfg.Swap > 0 && cfg.Simulated == nil {
+		ensureSwap(cfg.Swap, log)
 	}
 	agent, err := node.New(ctx, node.Config{
 		ID:             nodeID,
@@ -459,4 +468,20 @@ func advertise(l *net.TCPAddr, peer string) string {
 		return net.JoinHostPort(h, port)
 	}
 	return net.JoinHostPort("127.0.0.1", port)
+}
+
+// ensureSwap gives the host a zram swap device of size bytes unless it
+// swaps already; a failure is logged, and pauses then reclaim file pages
+// only (node ls -o json says so: pause_reclaim).
+func ensureSwap(size int64, log *slog.Logger) {
+	if devs, err := swap.Devices(); err == nil && len(devs) > 0 {
+		log.Info("the host swaps already; --swap adds none", "swap", swap.Describe())
+		return
+	}
+	dev, err := swap.Zram(size)
+	if err != nil {
+		log.Warn("no zram swap: pausing reclaims file pages only", "err", err)
+		return
+	}
+	log.Info("zram swap for paused sandboxes", "device", dev, "size", size)
 }

@@ -193,6 +193,7 @@ func (e *entry) view(maxMissed int) NodeView {
 		n.Network = e.status.Network
 		n.Security = e.status.Security
 		n.Snapshots = e.status.Snapshots
+		n.PauseReclaim = e.status.PauseReclaim
 	}
 	v := NodeView{Node: n, Polled: e.polled, Missed: e.missed, LastPoll: e.lastPoll, Secret: e.secret, e: e}
 	v.Unreachable = maxMissed > 0 && e.missed >= maxMissed

@@ -28,6 +28,7 @@ import (
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/guard"
+	"github.com/warrenhq/warren/internal/swap"
 )
 
 // Images resolves an image name to its layers; *image.Registry does.
@@ -108,6 +109,7 @@ type Agent struct {
 	disk      string   // api.Node.DiskQuota (disk.go)
 	security  *api.NodeSecurity
 	snapshots *api.NodeSnapshots // snapshot.go
+	pauses    bool               // a backend pauses (pause.go)
 	log       *slog.Logger
 
 	mu        sync.Mutex
@@ -188,6 +190,10 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	a.security = nodeSecurity(a.backends)
 	a.snapshots = nodeSnapshots(ctx, a.backends) // snapshot.go
+	for _, b := range a.backends {
+		_, p := b.(backend.Pauser)
+		a.pauses = a.pauses || p
+	}
 	dq, why := nodeDiskQuota(a.backends)
 	a.disk = dq.Mechanism
 	if why != "" {
@@ -335,6 +341,9 @@ func (a *Agent) Status() api.Node {
 		Network:   a.cfg.Network != nil,
 		Security:  a.security,
 		Snapshots: a.snapshots,
+	}
+	if a.pauses {
+		n.PauseReclaim = swap.Describe() // one read of /proc/swaps
 	}
 	for name := range a.backends {
 		n.Backends = append(n.Backends, name)

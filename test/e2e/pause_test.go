@@ -39,8 +39,8 @@ func TestUpPause(t *testing.T) {
 	}
 	var nodes api.NodeList
 	mustJSON(t, c.MustRun("node", "ls", "-o", "json"), &nodes)
-	if nodes.Nodes[0].Usage.Paused != 1 {
-		t.Errorf("node ls: usage %+v, want 1 paused", nodes.Nodes[0].Usage)
+	if nodes.Nodes[0].Usage.Paused != 1 || nodes.Nodes[0].PauseReclaim == "" {
+		t.Errorf("node ls: usage %+v, pause_reclaim %q; want 1 paused, and what pausing reclaims", nodes.Nodes[0].Usage, nodes.Nodes[0].PauseReclaim)
 	}
 	if out := c.MustRun("sandbox", "ls"); !strings.Contains(out, "paused") {
 		t.Errorf("sandbox ls does not show it paused:\n%s", out)

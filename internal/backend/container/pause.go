@@ -51,6 +51,11 @@ func (c *Container) Pause(ctx context.Context, id string) (backend.PauseStats, e
 		st.Reclaim = "none: no memory cgroup"
 		return st, nil
 	}
+	if mem.V2 {
+		// runc set memory.swap.max to 0 (a running sandbox swaps
+		// nothing): let the reclaim swap it out, until Resume.
+		c.allowSwap(id, mem)
+	}
 	st.Reclaim, err = reclaim(mem, st.Before)
 	if err != nil {
 		// Frozen all the same: a pause that keeps memory is a pause.
@@ -71,7 +76,41 @@ func (c *Container) Resume(ctx context.Context, id string) error {
 	if err := s.cg.base.ThawTree(ctx); err != nil {
 		return fmt.Errorf("resume %s: %w", id, err)
 	}
+	if mem, ok := memDir(s.cgPath); ok && mem.V2 {
+		c.restoreSwap(id, mem)
+	}
 	return nil
+}
+
+// allowSwap lets v2 cgroup mem swap without bound, keeping its limit in
+// the sandbox's directory for restoreSwap (a new agent process finds it
+// there too).
+func (c *Container) allowSwap(id string, mem cgroup.Dir) {
+	f := filepath.Join(mem.Path, "memory.swap.max")
+	old, err := os.ReadFile(f)
+	if err != nil {
+		return // no swap controller: nothing to lift
+	}
+	keep := filepath.Join(c.dir(id), "paused-swap-max")
+	if _, err := os.Stat(keep); errors.Is(err, os.ErrNotExist) {
+		if err := os.WriteFile(keep, old, 0o600); err != nil {
+			return
+		}
+	}
+	os.WriteFile(f, []byte("max"), 0)
+}
+
+// restoreSwap puts back the swap limit allowSwap lifted. Pages swapped
+// out stay out until touched; the limit only stops new ones.
+func (c *Container) restoreSwap(id string, mem cgroup.Dir) {
+	keep := filepath.Join(c.dir(id), "paused-swap-max")
+	old, err := os.ReadFile(keep)
+	if err != nil {
+		return
+	}
+	if err := os.WriteFile(filepath.Join(mem.Path, "memory.swap.max"), old, 0); err == nil {
+		os.Remove(keep)
+	}
 }
 
 // paused says whether s's cgroup is frozen (by a Pause).
@@ -118,14 +157,30 @@ func reclaim(d cgroup.Dir, n int64) (string, error) {
 	if d.V2 {
 		// EAGAIN: less could go than was asked (no swap for the
 		// anonymous part); what could go went.
-		err := os.WriteFile(filepath.Join(d.Path, "memory.reclaim"), []byte(strconv.FormatInt(max(n, 4096), 10)), 0)
+		err := writeRaw(filepath.Join(d.Path, "memory.reclaim"), strconv.FormatInt(max(n, 4096), 10))
 		if err != nil && !errors.Is(err, unix.EAGAIN) {
 			return "", fmt.Errorf("memory.reclaim: %w", err)
 		}
 		return "memory.reclaim", nil
 	}
-	if err := os.WriteFile(filepath.Join(d.Path, "memory.force_empty"), []byte("0"), 0); err != nil {
+	if err := writeRaw(filepath.Join(d.Path, "memory.force_empty"), "0"); err != nil {
 		return "", fmt.Errorf("memory.force_empty: %w", err)
 	}
 	return "memory.force_empty", nil
+}
+
+// writeRaw writes s to the file at path with plain system calls. Not
+// os.WriteFile: Go's poller takes a write's EAGAIN as "would block" and
+// waits for the file to become writable, which a cgroup file answering
+// EAGAIN (memory.reclaim: not all of it could go) never does.
+func writeRaw(path, s string) error {
+	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer unix.Close(fd)
+	if _, err := unix.Write(fd, []byte(s)); err != nil {
+		return &os.PathError{Op: "write", Path: path, Err: err}
+	}
+	return nil
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/internal/backend"
+	"github.com/warrenhq/warren/internal/swap"
+	"github.com/warrenhq/warren/internal/testutil"
 )
 
 // TestPause: a paused sandbox's processes stop (a counter it writes stands
@@ -80,4 +82,59 @@ func TestPause(t *testing.T) {
 		t.Fatalf("Destroy of a paused sandbox: %v", err)
 	}
 	h.assertGone("pause-2")
+}
+
+// TestPauseSwap: on a node that swaps (a zram device, as `warren agent
+// --swap zram:SIZE` makes), a pause pushes the sandbox's swap-backed
+// memory out too (tmpfs here; anonymous memory alike): what stays charged
+// is a small part of what it held. Without swap, it stays.
+func TestPauseSwap(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	h.start(h.spec("pause-swap"))
+	// 48 MiB in its /dev/shm (tmpfs): memory only swap can take, as
+	// anonymous memory.
+	h.sh("pause-swap", "dd if=/dev/zero of=/dev/shm/hog bs=1M count=48 2>/dev/null && echo ready > /ready")
+	if devs, _ := swap.Devices(); len(devs) == 0 {
+		st, err := h.c.Pause(ctx, "pause-swap")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("pause without swap: memory %d -> %d MiB (%s)", st.Before>>20, st.After>>20, st.Reclaim)
+		if st.After < 44<<20 {
+			t.Errorf("pause without swap: %+v; want the 48 MiB of tmpfs still charged", st)
+		}
+		if err := h.c.Resume(ctx, "pause-swap"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dev, err := swap.Zram(512 << 20)
+	if err != nil {
+		if testutil.Strict() {
+			t.Fatalf("a zram swap device: %v", err)
+		}
+		t.Skip(err)
+	}
+	t.Cleanup(func() {
+		if err := swap.Off(dev); err != nil {
+			t.Errorf("swap off: %v", err)
+		}
+	})
+	st, err := h.c.Pause(ctx, "pause-swap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("pause with swap: memory %d -> %d MiB (%s)", st.Before>>20, st.After>>20, st.Reclaim)
+	if st.Before < 48<<20 || st.After > st.Before/10 {
+		t.Errorf("pause stats %+v: want at most a tenth of the memory charged before left", st)
+	}
+	if err := h.c.Resume(ctx, "pause-swap"); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.sh("pause-swap", "cat /ready; wc -c < /dev/shm/hog"); got != "ready\n50331648" {
+		t.Errorf("after the resume: %q", got)
+	}
+	if err := h.c.Destroy(ctx, "pause-swap"); err != nil {
+		t.Fatal(err)
+	}
 }
