@@ -96,6 +96,7 @@ var attacks = []struct {
 	{"OtherSandboxes", testOtherSandboxes},
 	{"ExecRace", testExecRace},
 	{"SnapshotPlant", testSnapshotPlant},
+	{"PauseEvade", testPauseEvade},
 	{"PortScan", testPortScan},
 	{"Egress", testEgress},
 }

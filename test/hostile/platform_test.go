@@ -1,6 +1,7 @@
 package hostile
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -400,4 +401,54 @@ func testSnapshotPlant(t *testing.T, p *platform) {
 		lines[2] != "root:x:0:0:root:/root:/bin/sh" {
 		t.Errorf("the links in a sandbox from the snapshot: %q, %q", r.Stdout, r.Stderr)
 	}
+}
+
+// testPauseEvade: an agent that does not want to be paused forks without
+// end, keeps a counter running, and tries to thaw its own cgroup from
+// inside. The pause holds all of it still (the counter does not move while
+// it is paused), the node stays healthy, and the sandbox runs on when the
+// next call resumes it.
+func testPauseEvade(t *testing.T, p *platform) {
+	id := p.sandbox(t)
+	p.sh(t, id, `(i=0; while :; do i=$((i+1)); echo $i > /count; (true &) ; sleep 0.02; done) > /dev/null 2>&1 &
+(while :; do for f in /sys/fs/cgroup/cgroup.freeze /sys/fs/cgroup/freezer/freezer.state /sys/fs/cgroup/freezer.state; do
+  echo 0 > $f; echo THAWED > $f; done 2>/dev/null; sleep 0.05; done) > /dev/null 2>&1 &
+sleep 0.3; echo started`)
+	ctx := context.Background()
+	count := func() int {
+		t.Helper()
+		var b bytes.Buffer
+		if err := p.c.ReadFile(ctx, id, "/count", &b); err != nil { // a call: it resumes a paused sandbox
+			t.Fatal(err)
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(b.String()))
+		if err != nil {
+			t.Fatalf("/count: %q", b.String())
+		}
+		return n
+	}
+	n0 := count()
+	sb, err := p.c.PauseSandbox(ctx, id)
+	if err != nil || sb.State != api.StatePaused {
+		t.Fatalf("pause: %+v, %v", sb, err)
+	}
+	time.Sleep(time.Second)
+	if got, err := p.c.GetSandbox(ctx, id); err != nil || got.State != api.StatePaused {
+		t.Fatalf("a second after the pause: %+v, %v; want paused still", got, err)
+	}
+	// Running, the counter moves ~50 a second; paused, it stands still,
+	// and moves by a few between the read before the pause and the pause,
+	// and between the resume (the read) and the read.
+	if n1 := count(); n1-n0 > 20 {
+		t.Errorf("the counter moved from %d to %d across a second's pause: something kept running", n0, n1)
+	}
+	n1 := count()
+	time.Sleep(500 * time.Millisecond)
+	if n2 := count(); n2 <= n1 {
+		t.Errorf("the counter after the resume: %d then %d; want it running again", n1, n2)
+	}
+	if got, err := p.c.GetSandbox(ctx, id); err != nil || got.State != api.StateRunning || got.Pause == nil || got.Pause.ResumedBy == "" {
+		t.Fatalf("after the resume: %+v, %v", got, err)
+	}
+	p.healthy(t)
 }
