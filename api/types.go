@@ -669,3 +669,55 @@ type SandboxUpdate struct {
 // LabelPrefixPlatform starts the labels the platform sets (LabelGang,
 // LabelForkOf, ...): an update cannot change them.
 const LabelPrefixPlatform = "warren.dev/"
+
+// JournalEntry is one call on a sandbox, as its node recorded it (GET
+// /v1/sandboxes/{id}/journal): what was asked, when, how long it took and
+// how it ended, with a bounded head and tail of an exec's output.
+type JournalEntry struct {
+	Seq  int64     `json:"seq"`  // 1, 2, ... per sandbox
+	Time time.Time `json:"time"` // when the call started
+	// Verb is exec, write_file, read_file, write_tar, read_tar, stat,
+	// pause, resume, update or snapshot.
+	Verb string   `json:"verb"`
+	Argv []string `json:"argv,omitempty"`
+	Cmd  string   `json:"cmd,omitempty"`
+	Cwd  string   `json:"cwd,omitempty"`
+	User string   `json:"user,omitempty"`
+	Path string   `json:"path,omitempty"`
+	// By is who paused or resumed (api.PauseInfo.By, ResumedBy).
+	By string `json:"by,omitempty"`
+
+	DurationMS float64 `json:"duration_ms"`
+	// An exec's end: ExitCode (with Signal and TimedOut); any call's
+	// failure: Error (the API error it answered).
+	ExitCode *int   `json:"exit_code,omitempty"`
+	Signal   string `json:"signal,omitempty"`
+	TimedOut bool   `json:"timed_out,omitempty"`
+	Error    *Error `json:"error,omitempty"`
+	// An exec's output: byte counts, and its first and last
+	// JournalOutputBytes (head and tail; the tail only past the head).
+	StdoutBytes int64  `json:"stdout_bytes,omitempty"`
+	StderrBytes int64  `json:"stderr_bytes,omitempty"`
+	StdoutHead  string `json:"stdout_head,omitempty"`
+	StdoutTail  string `json:"stdout_tail,omitempty"`
+	StderrHead  string `json:"stderr_head,omitempty"`
+	StderrTail  string `json:"stderr_tail,omitempty"`
+	// Bytes a file call moved.
+	Bytes int64 `json:"bytes,omitempty"`
+}
+
+// Journal is the body of GET /v1/sandboxes/{id}/journal?since=SEQ: the
+// entries after SEQ, oldest first. Dropped counts entries before them the
+// node no longer keeps (it keeps the newest MaxJournalEntries).
+type Journal struct {
+	Sandbox string         `json:"sandbox"`
+	Entries []JournalEntry `json:"entries"`
+	Dropped int64          `json:"dropped,omitempty"`
+}
+
+// Journal bounds: entries kept per sandbox, and output kept per stream
+// at each end.
+const (
+	MaxJournalEntries  = 4096
+	JournalOutputBytes = 512
+)

@@ -3,6 +3,8 @@ package client
 import (
 	"context"
 	"net/http"
+	"net/url"
+	"strconv"
 
 	"github.com/warrenhq/warren/api"
 )
@@ -63,4 +65,24 @@ func (c *Client) UpdateSandbox(ctx context.Context, id string, u api.SandboxUpda
 		return nil, err
 	}
 	return &sb, nil
+}
+
+// Journal returns the calls on a sandbox its node recorded after entry
+// since (0: all it keeps), oldest first: each exec and file call, pause
+// and resume, with its timing, its end and a bounded head and tail of its
+// output.
+func (c *Client) Journal(ctx context.Context, id string, since int64) (*api.Journal, error) {
+	p, err := sandboxPath(id, "/journal")
+	if err != nil {
+		return nil, err
+	}
+	var q url.Values
+	if since > 0 {
+		q = url.Values{"since": {strconv.FormatInt(since, 10)}}
+	}
+	var j api.Journal
+	if err := c.doJSON(ctx, http.MethodGet, p, q, nil, &j); err != nil {
+		return nil, err
+	}
+	return &j, nil
 }

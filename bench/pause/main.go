@@ -9,14 +9,15 @@
 // only swap can take (a file in its /dev/shm: tmpfs, swap-backed like
 // anonymous memory). Then, per round:
 //
+//   - peer runc (first, the memory resident): `runc pause` of each (freeze
+//     only), the same memory figures, then `runc resume` and the same
+//     exec, one at a time.
 //   - warren: one `project pause` of them all (its time), host memory
 //     used before and after (/proc/meminfo: MemTotal - MemAvailable), the
 //     memory charged to each sandbox before and after its pause (the
 //     pause's own report); then each resumed by a first exec (`true`),
 //     one at a time, its latency taken; an exec on a running sandbox is
-//     the baseline.
-//   - peer runc: `runc pause` of each (freeze only), the same memory
-//     figures, then `runc resume` and the same exec, one at a time.
+//     the baseline. Then every sandbox reads its memory back in.
 //
 // A host without swap gets a zram device for the run (as `warren agent
 // --swap zram:SIZE` would), removed at the end. Targets (issue 15): a
@@ -109,16 +110,27 @@ func run(n, mb, rounds int, keep bool) error {
 	runcRoot := filepath.Join(dir, "node", "runc")
 	var warren, peer []round
 	for r := 0; r < rounds; r++ {
-		w, err := warrenRound(ctx, c, ids)
-		if err != nil {
-			return err
-		}
-		warren = append(warren, w)
+		// The peer first, while the sandboxes' memory is resident; then
+		// everything touched back in before warren's pause (pages a
+		// resume leaves in swap until used).
 		p, err := runcRound(ctx, c, runcRoot, ids)
 		if err != nil {
 			return err
 		}
 		peer = append(peer, p)
+		if r > 0 {
+			if err := touchAll(ctx, c, ids); err != nil {
+				return err
+			}
+		}
+		w, err := warrenRound(ctx, c, ids)
+		if err != nil {
+			return err
+		}
+		warren = append(warren, w)
+		if err := touchAll(ctx, c, ids); err != nil {
+			return err
+		}
 		fmt.Printf("round %d done\n", r+1)
 	}
 	report("warren (freeze + reclaim)", warren, mb)
@@ -142,7 +154,7 @@ func createAll(ctx context.Context, c *client.Client, n, mb int) ([]string, erro
 			defer wg.Done()
 			defer func() { <-sem }()
 			sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Image: "busybox", Project: "bench", TTL: api.Duration(4 * time.Hour),
-				Resources: api.Resources{CPU: 0.01, Memory: api.Quantity(int64(mb+32) << 20)}})
+				Resources: api.Resources{CPU: 0.01, Memory: api.Quantity(int64(mb+12) << 20)}})
 			if err != nil {
 				errs <- err
 				return
@@ -222,6 +234,16 @@ func runcRound(ctx context.Context, c *client.Client, root string, ids []string)
 		r.resume = append(r.resume, time.Since(t))
 	}
 	return r, nil
+}
+
+// touchAll reads each sandbox's memory back in.
+func touchAll(ctx context.Context, c *client.Client, ids []string) error {
+	for _, id := range ids {
+		if r, err := c.Exec(ctx, id, api.ExecRequest{Cmd: "cat /dev/shm/hog > /dev/null"}); err != nil || r.ExitCode != 0 {
+			return fmt.Errorf("touch %s: %v %+v", id, err, r)
+		}
+	}
+	return nil
 }
 
 // execAll runs `true` in each sandbox, one at a time, and times each.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -241,4 +242,84 @@ func newSandboxUpdateCmd(a *app) *cobra.Command {
 	f.StringArrayVar(&unlabels, "unlabel", nil, "remove label KEY (repeatable)")
 	f.StringVarP(&output, "output", "o", "", "output: id (default) or json")
 	return c
+}
+
+// newSandboxJournalCmd is `warren sandbox journal SBX`.
+func newSandboxJournalCmd(a *app) *cobra.Command {
+	var (
+		since  int64
+		output string
+	)
+	c := &cobra.Command{
+		Use:   "journal SBX [--since SEQ] [-o json]",
+		Short: "Every exec and file call on a sandbox and its result, in order",
+		Long: `Print a sandbox's journal: every call on it its node recorded (exec, file
+transfers, pause, resume, update, snapshot), in order, with when it started,
+how long it took, how it ended, and for an exec the first and last bytes of
+its output. The node keeps the newest ` + strconv.Itoa(api.MaxJournalEntries) + ` calls, across agent restarts;
+a trainer that comes back rebuilds its rollouts' state from it.`,
+		Args: exactArgs(1, "one sandbox id"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkOutput(output, outDefault, outJSON); err != nil {
+				return err
+			}
+			j, err := a.client().Journal(cmd.Context(), args[0], since)
+			if err != nil {
+				return err
+			}
+			if output == outJSON {
+				return writeJSON(a.stdout, j)
+			}
+			if j.Dropped > 0 && since < j.Dropped {
+				fmt.Fprintf(a.stdout, "(%d earlier entries no longer kept)\n", j.Dropped)
+			}
+			tw := newTable(a.stdout, "SEQ", "TIME", "VERB", "WHAT", "TOOK", "RESULT")
+			for _, e := range j.Entries {
+				row(tw, fmt.Sprint(e.Seq), e.Time.Local().Format("15:04:05.000"), e.Verb, journalWhat(e),
+					fmt.Sprintf("%.1fms", e.DurationMS), journalResult(e))
+			}
+			return tw.Flush()
+		},
+	}
+	c.Flags().Int64Var(&since, "since", 0, "only entries after this sequence number")
+	c.Flags().StringVarP(&output, "output", "o", "", "output: table (default) or json")
+	return c
+}
+
+func journalWhat(e api.JournalEntry) string {
+	switch {
+	case e.Cmd != "":
+		return clipTo(e.Cmd, 60)
+	case len(e.Argv) > 0:
+		return clipTo(strings.Join(e.Argv, " "), 60)
+	case e.Path != "":
+		return e.Path
+	case e.By != "":
+		return "by " + e.By
+	}
+	return "-"
+}
+
+func journalResult(e api.JournalEntry) string {
+	switch {
+	case e.Error != nil:
+		return "error: " + e.Error.Code
+	case e.TimedOut:
+		return "timed out"
+	case e.Signal != "":
+		return "killed by " + e.Signal
+	case e.ExitCode != nil:
+		return fmt.Sprintf("exit %d (%s out, %s err)", *e.ExitCode, fmtBytes(e.StdoutBytes), fmtBytes(e.StderrBytes))
+	case e.Bytes > 0:
+		return "ok, " + fmtBytes(e.Bytes)
+	}
+	return "ok"
+}
+
+// clipTo shortens s to n bytes, marking the cut.
+func clipTo(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-3] + "..."
 }

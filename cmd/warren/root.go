@@ -114,7 +114,7 @@ func newRootCmd(a *app) *cobra.Command {
 	sandbox := &cobra.Command{Use: "sandbox", Aliases: []string{"sandboxes", "sb"}, Short: "Create, list, inspect and remove sandboxes"}
 	groupArgs(sandbox)
 	sandbox.AddCommand(newSandboxCreateCmd(a), newSandboxLsCmd(a), newSandboxGetCmd(a), newSandboxRmCmd(a), newSandboxStatsCmd(a), newSandboxNetworkCmd(a), newSandboxVerifyCmd(a),
-		newSandboxSnapshotCmd(a), newSandboxForkCmd(a), newSandboxPauseCmd(a, false), newSandboxPauseCmd(a, true), newSandboxUpdateCmd(a))
+		newSandboxSnapshotCmd(a), newSandboxForkCmd(a), newSandboxPauseCmd(a, false), newSandboxPauseCmd(a, true), newSandboxUpdateCmd(a), newSandboxJournalCmd(a))
 
 	image := &cobra.Command{Use: "image", Aliases: []string{"images"}, Short: "Inspect images"}
 	groupArgs(image)

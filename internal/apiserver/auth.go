@@ -89,7 +89,9 @@ var routeRules = map[string]rule{
 	"PUT /v1/sandboxes/{id}/files": {action: iam.ActionSandboxFiles},
 	"GET /v1/sandboxes/{id}/stats": {action: iam.ActionRead},
 	// Pause and resume: a runner's, like start and stop.
-	"POST /v1/sandboxes/{id}/pause":  {action: iam.ActionSandboxLifecycle},
+	"POST /v1/sandboxes/{id}/pause": {action: iam.ActionSandboxLifecycle},
+	// The journal holds what execs printed: the rights of reading files.
+	"GET /v1/sandboxes/{id}/journal": {action: iam.ActionSandboxFiles},
 	"POST /v1/sandboxes/{id}/resume": {action: iam.ActionSandboxLifecycle},
 	// A snapshot publishes an environment: a builder's. (The node API's
 	// pack, its node half, is not listed: a root admin's, like any

@@ -119,6 +119,7 @@ type Agent struct {
 	shuttingDown bool
 	reserved     usage     // resources of live sandboxes and creates in flight
 	paused       int       // sandboxes paused (pause.go)
+	journals     map[string]*journal // journal.go
 	changes      changeLog // what Changes tells (changes.go); its tombstones under mu
 	graves       graves    // why recently ended sandboxes ended (reaper.go)
 
@@ -172,6 +173,7 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		backends:  map[string]backend.Backend{},
 		log:       cfg.Log.With("node", cfg.ID),
 		sandboxes: map[string]*sandbox{},
+		journals:  map[string]*journal{},
 		changes:   newChangeLog(),
 		stop:      make(chan struct{}),
 	}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"path"
 	"strings"
+	"time"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/backend"
@@ -72,10 +73,22 @@ func (a *Agent) Exec(ctx context.Context, id string, req api.ExecRequest, stdout
 		stderr = io.Discard
 	}
 	outW, errW := guard.NewLimitWriter(stdout, limit), guard.NewLimitWriter(stderr, limit)
-	breq.Stdout, breq.Stderr = outW, errW
+	outJ, errJ := &headTail{n: api.JournalOutputBytes}, &headTail{n: api.JournalOutputBytes}
+	breq.Stdout, breq.Stderr = io.MultiWriter(outW, outJ), io.MultiWriter(errW, errJ)
 
+	start := time.Now()
 	res, err := ex.Exec(ctx, id, breq)
-	if err := done(err); err != nil {
+	err = done(err)
+	e := api.JournalEntry{Verb: "exec", Argv: req.Argv, Cmd: req.Cmd, Cwd: req.Cwd, User: req.User,
+		StdoutBytes: outJ.total, StderrBytes: errJ.total}
+	e.StdoutHead, e.StdoutTail = outJ.strings()
+	e.StderrHead, e.StderrTail = errJ.strings()
+	if err == nil {
+		code := res.ExitCode
+		e.ExitCode, e.Signal, e.TimedOut = &code, res.Signal, res.TimedOut
+	}
+	a.record(id, start, e, err) // journal.go
+	if err != nil {
 		return api.ExecResult{}, err
 	}
 	out := api.ExecResult{
@@ -149,8 +162,9 @@ func (a *Agent) execRequest(req api.ExecRequest) (backend.ExecRequest, error) {
 }
 
 // files returns a running sandbox's file access after checking path, with
-// the call begun (reaper.go): done must end it, and gives the answer.
-func (a *Agent) files(ctx context.Context, id, p string) (backend.Files, func(error) error, error) {
+// the call begun (reaper.go): done must end it with the bytes the call
+// moved, and gives the answer; the call goes into the journal.
+func (a *Agent) files(ctx context.Context, id, p, verb string) (backend.Files, func(err error, n int64) error, error) {
 	if p == "" || !path.IsAbs(p) {
 		return nil, nil, errdefs.Invalid("path %q: must be absolute", p)
 	}
@@ -161,17 +175,22 @@ func (a *Agent) files(ctx context.Context, id, p string) (backend.Files, func(er
 	if err != nil {
 		return nil, nil, err
 	}
-	return f, func(err error) error { return done(fileErr(p, err)) }, nil
+	start := time.Now()
+	return f, func(err error, n int64) error {
+		err = done(fileErr(p, err))
+		a.record(id, start, api.JournalEntry{Verb: verb, Path: p, Bytes: n}, err) // journal.go
+		return err
+	}, nil
 }
 
 // Stat describes a path inside a sandbox.
 func (a *Agent) Stat(ctx context.Context, id, p string) (api.FileInfo, error) {
-	f, done, err := a.files(ctx, id, p)
+	f, done, err := a.files(ctx, id, p, "stat")
 	if err != nil {
 		return api.FileInfo{}, err
 	}
 	fi, err := f.Stat(ctx, id, p)
-	if err := done(err); err != nil {
+	if err := done(err, 0); err != nil {
 		return api.FileInfo{}, err
 	}
 	return api.FileInfo{Path: path.Clean(p), Size: fi.Size, Mode: fi.Mode, IsDir: fi.IsDir}, nil
@@ -182,40 +201,62 @@ func (a *Agent) WriteFile(ctx context.Context, id, p string, mode uint32, r io.R
 	if mode&^0o7777 != 0 {
 		return errdefs.Invalid("mode %o: only permission bits", mode)
 	}
-	f, done, err := a.files(ctx, id, p)
+	f, done, err := a.files(ctx, id, p, "write_file")
 	if err != nil {
 		return err
 	}
-	return done(f.WriteFile(ctx, id, p, mode, r))
+	cr := &counter{r: r}
+	return done(f.WriteFile(ctx, id, p, mode, cr), cr.n)
 }
 
 // ReadFile streams one regular file out of a sandbox.
 func (a *Agent) ReadFile(ctx context.Context, id, p string, w io.Writer) error {
-	f, done, err := a.files(ctx, id, p)
+	f, done, err := a.files(ctx, id, p, "read_file")
 	if err != nil {
 		return err
 	}
-	return done(f.ReadFile(ctx, id, p, w))
+	cw := &counter{w: w}
+	return done(f.ReadFile(ctx, id, p, cw), cw.n)
 }
 
 // WriteTar extracts a tar stream under dir inside a sandbox.
 func (a *Agent) WriteTar(ctx context.Context, id, dir string, r io.Reader) error {
-	f, done, err := a.files(ctx, id, dir)
+	f, done, err := a.files(ctx, id, dir, "write_tar")
 	if err != nil {
 		return err
 	}
-	return done(f.WriteTar(ctx, id, dir, r))
+	cr := &counter{r: r}
+	return done(f.WriteTar(ctx, id, dir, cr), cr.n)
 }
 
 // ReadTar streams a file or directory tree out of a sandbox as a tar.
 func (a *Agent) ReadTar(ctx context.Context, id, p string, w io.Writer) error {
-	f, done, err := a.files(ctx, id, p)
+	f, done, err := a.files(ctx, id, p, "read_tar")
 	if err != nil {
 		return err
 	}
-	return done(f.ReadTar(ctx, id, p, w))
+	cw := &counter{w: w}
+	return done(f.ReadTar(ctx, id, p, cw), cw.n)
 }
 
+// counter counts the bytes read through r or written through w.
+type counter struct {
+	r io.Reader
+	w io.Writer
+	n int64
+}
+
+func (c *counter) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+func (c *counter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
 // fileErr gives a missing path the file_not_found code.
 func fileErr(p string, err error) error {
 	if err == nil || errdefs.Code(err) != "" {

@@ -28,11 +28,12 @@ const (
 // as it is. Errors: 404; 409 sandbox_not_running when it is not running,
 // sandbox_busy while calls on it are in flight (they would freeze
 // halfway); 400 not_supported for a backend that cannot.
-func (a *Agent) Pause(ctx context.Context, id, by string) (api.Sandbox, error) {
+func (a *Agent) Pause(ctx context.Context, id, by string) (sb api.Sandbox, err error) {
 	s, err := a.lookup(id)
 	if err != nil {
 		return api.Sandbox{}, err
 	}
+	defer func(start time.Time) { a.record(id, start, api.JournalEntry{Verb: "pause", By: by}, err) }(time.Now())
 	p, ok := s.backend.(backend.Pauser)
 	if !ok {
 		return api.Sandbox{}, errdefs.New(errdefs.ErrInvalid, api.CodeNotSupported, "backend %s does not support pause", s.backend.Name())
@@ -120,8 +121,11 @@ func (a *Agent) resume(ctx context.Context, s *sandbox, by string) error {
 	}
 	start := time.Now()
 	if err := p.Resume(context.WithoutCancel(ctx), id); err != nil {
-		return fmt.Errorf("resume %s: %w", id, err)
+		err = fmt.Errorf("resume %s: %w", id, err)
+		a.record(id, start, api.JournalEntry{Verb: "resume", By: by}, err)
+		return err
 	}
+	a.record(id, start, api.JournalEntry{Verb: "resume", By: by}, nil)
 	now := time.Now().UTC()
 	s.mu.Lock()
 	if s.view.PausedAt != nil && s.view.ExpiresAt != nil && !s.view.TTLWhilePaused {

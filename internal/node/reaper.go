@@ -133,6 +133,7 @@ func (a *Agent) end(ctx context.Context, s *sandbox, why func(*sandbox) string) 
 		return "", fmt.Errorf("destroy %s: %w", id, err)
 	}
 	a.removeRecord(id)
+	a.forgetJournal(id) // journal.go
 	a.mu.Lock()
 	if a.sandboxes[id] == s {
 		delete(a.sandboxes, id)

@@ -48,7 +48,9 @@ func (a *Agent) Pack(ctx context.Context, id string, req api.PackRequest) (api.P
 		return api.PackResult{}, err
 	}
 	res, err := a.pack(ctx, b, s, req)
-	if err := done(err); err != nil {
+	err = done(err)
+	a.record(id, start, api.JournalEntry{Verb: "snapshot"}, err) // journal.go
+	if err != nil {
 		return api.PackResult{}, err
 	}
 	res.Stats.TotalMS = float64(time.Since(start).Microseconds()) / 1000

@@ -13,11 +13,12 @@ import (
 // Update changes a live sandbox's TTL (from now), idle timeout, auto-pause
 // and labels (api.SandboxUpdate), paused or running, without resuming
 // it. Errors: 404; 400 for a bad value; 409 for a sandbox being ended.
-func (a *Agent) Update(ctx context.Context, id string, u api.SandboxUpdate) (api.Sandbox, error) {
+func (a *Agent) Update(ctx context.Context, id string, u api.SandboxUpdate) (sb api.Sandbox, err error) {
 	s, err := a.lookup(id)
 	if err != nil {
 		return api.Sandbox{}, err
 	}
+	defer func(start time.Time) { a.record(id, start, api.JournalEntry{Verb: "update"}, err) }(time.Now())
 	d := a.cfg.Defaults
 	if u.TTL != nil && (u.TTL.D() < time.Second || u.TTL.D() > d.MaxTTL) {
 		return api.Sandbox{}, errdefs.Invalid("ttl %v: want 1s..%v", *u.TTL, d.MaxTTL)

@@ -108,6 +108,21 @@ func TestUpPause(t *testing.T) {
 		}
 	}
 
+	// The journal: each call in order, the pause and the resume the exec
+	// made among them.
+	var j api.Journal
+	mustJSON(t, c.MustRun("sandbox", "journal", sb, "-o", "json"), &j)
+	var verbs []string
+	for _, e := range j.Entries {
+		verbs = append(verbs, e.Verb)
+	}
+	if got := strings.Join(verbs, ","); !strings.HasPrefix(got, "exec,pause,resume,exec,pause,resume,update") {
+		t.Errorf("journal: %s", got)
+	}
+	if out := c.MustRun("sandbox", "journal", sb); !strings.Contains(out, "dd if=/dev/zero") || !strings.Contains(out, "exit 0") {
+		t.Errorf("journal table:\n%s", out)
+	}
+
 	if _, err := exec.LookPath("python3"); err == nil {
 		py := `
 import sys
@@ -123,6 +138,8 @@ r = c.resume_sandboxes(labels={"step": "4"})
 assert r["sandboxes"][0]["state"] == "running", r
 u = c.update_sandbox(sid, idle_timeout="30m", labels={"step": None})
 assert u["idle_timeout"] == "30m0s" and "step" not in (u.get("labels") or {}), u
+j = c.journal(sid, since=1)
+assert j["entries"][0]["seq"] == 2 and j["entries"][-1]["verb"] == "update", j["entries"][-1]
 print("ok")
 `
 		sdk, _ := filepath.Abs(filepath.Join("..", "..", "sdk", "python"))

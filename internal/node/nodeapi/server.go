@@ -69,6 +69,7 @@ type Agent interface {
 	Pause(ctx context.Context, id, by string) (api.Sandbox, error)
 	Resume(ctx context.Context, id, by string) (api.Sandbox, error)
 	Update(ctx context.Context, id string, u api.SandboxUpdate) (api.Sandbox, error)
+	Journal(ctx context.Context, id string, since int64) (api.Journal, error)
 	UpdateNetwork(ctx context.Context, id string, u api.NetworkUpdate) (api.SandboxNetwork, error)
 	// Ports and DialPort reach a sandbox's ports (ports.go).
 	Ports(ctx context.Context, id string) (dial node.PortDial, done func(error) error, err error)
@@ -159,6 +160,7 @@ func (s *Server) routes() {
 	s.mux.Handle("POST /v1/sandboxes/{id}/pack", h(s.pack))
 	s.mux.Handle("PATCH /v1/sandboxes/{id}/network", h(s.network))
 	s.mux.Handle("PATCH /v1/sandboxes/{id}", h(s.update))
+	s.mux.Handle("GET /v1/sandboxes/{id}/journal", h(s.journal))
 	s.mux.Handle("POST /v1/sandboxes/{id}/pause", h(s.pause))
 	s.mux.Handle("POST /v1/sandboxes/{id}/resume", h(s.pause))
 	s.portRoutes() // ports.go
@@ -440,6 +442,22 @@ func (s *Server) pack(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	return httperr.WriteJSON(w, http.StatusOK, res)
+}
+
+func (s *Server) journal(w http.ResponseWriter, r *http.Request) error {
+	var since int64
+	if v := r.URL.Query().Get("since"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n < 0 {
+			return errdefs.Invalid("since %q: want a sequence number (0 or more)", v)
+		}
+		since = n
+	}
+	j, err := s.agent.Journal(r.Context(), r.PathValue("id"), since)
+	if err != nil {
+		return err
+	}
+	return httperr.WriteJSON(w, http.StatusOK, j)
 }
 
 func (s *Server) update(w http.ResponseWriter, r *http.Request) error {

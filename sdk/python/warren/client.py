@@ -353,6 +353,16 @@ class Client:
             body["project"] = project
         return body
 
+    def journal(self, sid: str, since: int = 0) -> Dict[str, Any]:
+        """The calls on sandbox sid its node recorded after entry since,
+        oldest first: {"entries": [{"seq", "time", "verb", "argv", "cmd",
+        "exit_code", "error", "stdout_head", "stdout_tail", ...}],
+        "dropped": n}."""
+        path = "/v1/sandboxes/%s/journal" % urllib.parse.quote(sid, safe="")
+        if since:
+            path += "?since=%d" % since
+        return self._json("GET", path)
+
     def update_sandbox(self, sid: str, *, ttl: Any = None, idle_timeout: Any = None, auto_pause: Any = None,
                        labels: Optional[Dict[str, Optional[str]]] = None) -> Dict[str, Any]:
         """Change a live sandbox: ttl (it ends that long from now; "2h" or
