@@ -117,11 +117,11 @@ type Agent struct {
 	inflight  int
 	// shuttingDown: StopSandboxes is on, and admits no more creates.
 	shuttingDown bool
-	reserved     usage     // resources of live sandboxes and creates in flight
-	paused       int       // sandboxes paused (pause.go)
+	reserved     usage               // resources of live sandboxes and creates in flight
+	paused       int                 // sandboxes paused (pause.go)
 	journals     map[string]*journal // journal.go
-	changes      changeLog // what Changes tells (changes.go); its tombstones under mu
-	graves       graves    // why recently ended sandboxes ended (reaper.go)
+	changes      changeLog           // what Changes tells (changes.go); its tombstones under mu
+	graves       graves              // why recently ended sandboxes ended (reaper.go)
 
 	stop chan struct{}
 	// closing is canceled by Close: what runs for the agent's lifetime

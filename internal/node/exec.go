@@ -257,6 +257,7 @@ func (c *counter) Write(p []byte) (int, error) {
 	c.n += int64(n)
 	return n, err
 }
+
 // fileErr gives a missing path the file_not_found code.
 func fileErr(p string, err error) error {
 	if err == nil || errdefs.Code(err) != "" {
