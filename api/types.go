@@ -570,6 +570,11 @@ type Error struct {
 	Message string `json:"message"`
 	// RetryAfter, in seconds, mirrors the Retry-After header on 429 and 503.
 	RetryAfter int `json:"retry_after,omitempty"`
+	// InfraError, when set, says the call failed because of the platform,
+	// not the task, and why (its node was lost, its agent restarted
+	// mid-call, the platform shut it down, an internal error): a trainer
+	// masks such a rollout rather than scoring it.
+	InfraError string `json:"infra_error,omitempty"`
 }
 
 // ErrorBody wraps Error on the wire.

@@ -19,6 +19,10 @@ type Error struct {
 	// RetryAfter is how long the server asked the caller to wait before
 	// trying again (429 and 503); 0 when it did not say.
 	RetryAfter time.Duration
+	// Infra, when set, says the platform, not the task, made the call
+	// fail, and why (api.Error.InfraError): mask the rollout, do not
+	// score it. IsInfra tells.
+	Infra string
 }
 
 func (e *Error) Error() string {
@@ -214,5 +218,17 @@ func fromAPIError(status int, ae *api.Error) *Error {
 		Code:       ae.Code,
 		Message:    ae.Message,
 		RetryAfter: time.Duration(ae.RetryAfter) * time.Second,
+		Infra:      ae.InfraError,
 	}
+}
+
+// IsInfra reports whether err failed because of the platform (its node
+// lost, its agent restarted mid-call, the platform shut the sandbox down,
+// an internal error), not the task, and why.
+func IsInfra(err error) (string, bool) {
+	var e *Error
+	if errors.As(err, &e) && e.Infra != "" {
+		return e.Infra, true
+	}
+	return "", false
 }

@@ -115,8 +115,9 @@ func (s *Server) sandboxCall(w http.ResponseWriter, r *http.Request) error {
 	}
 	s.log.Warn("sandbox call cut short", "sandbox", id, "verb", r.PathValue("verb"), "err", cut.Err)
 	if mt, _, _ := mime.ParseMediaType(w.Header().Get("Content-Type")); mt == ndjsonType {
-		// An exec stream ends with its error, as the node would have.
-		status, e := apiError(cut.Err)
+		// An exec stream ends with its error, as the node would have:
+		// the platform's fault (its node or agent went away mid-call).
+		status, e := apiError(errdefs.AsInfra(cut.Err, "the node's connection broke during the call"))
 		json.NewEncoder(w).Encode(api.ExecEvent{Error: &e, Status: status})
 		return nil
 	}

@@ -35,6 +35,9 @@ type Error struct {
 	Code       string
 	Msg        string
 	RetryAfter time.Duration // for ErrExhausted and ErrUnavailable
+	// Infra, when set, says the platform, not the caller's task, made the
+	// call fail, and why (api.Error.InfraError).
+	Infra string
 }
 
 func (e *Error) Error() string { return e.Msg }
@@ -91,4 +94,31 @@ func Request(err error) error {
 		return &Error{Kind: ErrInvalid, Code: api.CodeTooLarge, Msg: err.Error()}
 	}
 	return &Error{Kind: ErrInvalid, Msg: err.Error()}
+}
+
+// InfraOf returns the reason an error is the platform's fault: an *Error's
+// Infra, or "" when it carries none.
+func InfraOf(err error) string {
+	var e *Error
+	for errors.As(err, &e) {
+		if e.Infra != "" {
+			return e.Infra
+		}
+		if err = e.Kind; err == nil {
+			break
+		}
+	}
+	return ""
+}
+
+// AsInfra marks err as the platform's fault for reason (an *Error keeps
+// its kind and code).
+func AsInfra(err error, reason string) error {
+	var e *Error
+	if errors.As(err, &e) {
+		c := *e
+		c.Infra = reason
+		return &c
+	}
+	return &Error{Code: "internal", Msg: err.Error(), Infra: reason}
 }

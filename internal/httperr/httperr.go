@@ -50,7 +50,7 @@ func ToAPI(err error) (int, api.Error) {
 	if c := errdefs.Code(err); c != "" {
 		code = c
 	}
-	e := api.Error{Code: code, Message: err.Error()}
+	e := api.Error{Code: code, Message: err.Error(), InfraError: infraReason(err, code)}
 	if status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable {
 		ra := errdefs.RetryAfter(err)
 		if ra <= 0 {
@@ -112,7 +112,28 @@ func FromAPI(status int, e api.Error) error {
 	if kind == nil && code == "" {
 		code = api.CodeInternal
 	}
-	return &errdefs.Error{Kind: kind, Code: code, Msg: msg, RetryAfter: time.Duration(e.RetryAfter) * time.Second}
+	return &errdefs.Error{Kind: kind, Code: code, Msg: msg, RetryAfter: time.Duration(e.RetryAfter) * time.Second, Infra: e.InfraError}
+}
+
+// infraReason says why err, answered with code, is the platform's fault,
+// or "" when it is the caller's or its task's: an explicit errdefs.Infra,
+// else by code (a lost or unreachable node, an internal error, a platform
+// component unavailable).
+func infraReason(err error, code string) string {
+	if r := errdefs.InfraOf(err); r != "" {
+		return r
+	}
+	switch code {
+	case api.CodeSandboxLost:
+		return "the sandbox's node was lost"
+	case api.CodeNodeUnreachable:
+		return "the sandbox's node did not answer"
+	case api.CodeInternal:
+		return "internal platform error"
+	case api.CodeUnavailable:
+		return "a platform component is unavailable"
+	}
+	return ""
 }
 
 // kindOfCode classifies the generic codes ToAPI gives by default, and the

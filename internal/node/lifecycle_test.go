@@ -133,6 +133,11 @@ func cutShort(t *testing.T, a *Agent, req api.CreateSandboxRequest, end func(*Ag
 		if !strings.Contains(err.Error(), reason) {
 			t.Errorf("call %d: %q does not name the reason %q", i, err, reason)
 		}
+		// The platform's own ending (shutdown) is its fault; the
+		// caller's delete and the sandbox's TTL are not.
+		if infra := errdefs.InfraOf(err); (infra != "") != (reason == endShutdown) {
+			t.Errorf("call %d ended by %s: infra %q", i, reason, infra)
+		}
 	}
 	// A call that arrives after hears why: sandbox_gone while the end is
 	// still under way, a 404 once it is done.

@@ -232,11 +232,20 @@ func (s *sandbox) done(ends uint64, err error) error {
 }
 
 // errGone: the platform ended sandbox id (during the call, if during).
+// An end the caller did not ask for and its limits did not make (the node
+// shutting down) is the platform's fault: the error says so
+// (api.Error.InfraError).
 func errGone(id, reason string, during bool) error {
+	var err error
 	if during {
-		return errdefs.New(errdefs.ErrConflict, api.CodeSandboxGone, "sandbox %s was ended by the platform during the call: %s", id, reason)
+		err = errdefs.New(errdefs.ErrConflict, api.CodeSandboxGone, "sandbox %s was ended by the platform during the call: %s", id, reason)
+	} else {
+		err = errdefs.New(errdefs.ErrConflict, api.CodeSandboxGone, "sandbox %s is being ended by the platform: %s", id, reason)
 	}
-	return errdefs.New(errdefs.ErrConflict, api.CodeSandboxGone, "sandbox %s is being ended by the platform: %s", id, reason)
+	if reason == endShutdown {
+		err = errdefs.AsInfra(err, "the sandbox's node shut down")
+	}
+	return err
 }
 
 // graves remembers why recently ended sandboxes ended, so that a call

@@ -13,7 +13,8 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from warren import AsyncClient, Client, WarrenError  # noqa: E402
+from warren import AsyncClient, Client, InfraError, UnavailableError, WarrenError  # noqa: E402
+from warren.client import _error_body  # noqa: E402
 
 
 class ClientTest(unittest.TestCase):
@@ -211,6 +212,21 @@ class ClientTest(unittest.TestCase):
             return sorted(r.stdout for r in rs)
 
         self.assertEqual(asyncio.run(main()), sorted(f"{i}\n".encode() for i in range(8)))
+
+
+class InfraErrorTest(unittest.TestCase):
+    """An answer that says the platform failed raises InfraError, and still
+    the status's own class; one that does not, neither."""
+
+    def test_infra(self):
+        e = _error_body(503, b'{"error": {"code": "sandbox_lost", "message": "node n1 lost", "infra_error": "the sandbox\'s node was lost"}}')
+        self.assertIsInstance(e, InfraError)
+        self.assertIsInstance(e, UnavailableError)
+        self.assertEqual(e.infra, "the sandbox's node was lost")
+        e = _error_body(503, b'{"error": {"code": "no_capacity", "message": "no room"}}')
+        self.assertNotIsInstance(e, InfraError)
+        self.assertIsInstance(e, UnavailableError)
+        self.assertEqual(e.infra, "")
 
 
 if __name__ == "__main__":

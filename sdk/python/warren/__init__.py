@@ -52,11 +52,11 @@ InternalError (500), PortUnreachableError (502), UnavailableError (503). Switch 
 (quota_exceeded, project_exists, ...), never on the message.
 """
 
-from .client import (AsyncClient, Client, ConflictError, ExecResult, ExhaustedError, Fn, ForbiddenError, InternalError,
-                     InvalidError, NotFoundError, PortResponse, PortUnreachableError, TLSError, UnauthenticatedError,
+from .client import (AsyncClient, Client, ConflictError, ExecResult, ExhaustedError, Fn, ForbiddenError, InfraError,
+                     InternalError, InvalidError, NotFoundError, PortResponse, PortUnreachableError, TLSError, UnauthenticatedError,
                      UnavailableError, WarrenError)
 from .verify import VerifyResult
 
 __all__ = ["Client", "AsyncClient", "ExecResult", "Fn", "WarrenError", "InvalidError", "UnauthenticatedError",
-           "ForbiddenError", "NotFoundError", "ConflictError", "ExhaustedError", "InternalError", "UnavailableError", "TLSError",
+           "ForbiddenError", "NotFoundError", "ConflictError", "ExhaustedError", "InternalError", "UnavailableError", "TLSError", "InfraError",
            "PortResponse", "PortUnreachableError", "VerifyResult"]

@@ -30,12 +30,14 @@ class WarrenError(Exception):
     apart (quota_exceeded or rate_limited within ExhaustedError).
     """
 
-    def __init__(self, status: int, code: str, message: str, retry_after: float = 0.0):
+    def __init__(self, status: int, code: str, message: str, retry_after: float = 0.0, infra: str = ""):
         super().__init__(f"{message} ({code})")
         self.status = status
         self.code = code
         self.message = message
         self.retry_after = retry_after
+        #: why the platform, not the task, made the call fail ("" if it did not)
+        self.infra = infra
 
     @property
     def retryable(self) -> bool:
@@ -98,12 +100,29 @@ _CODE_STATUS = {
 }
 
 
-def _error(status: int, code: str, message: str, retry_after: float = 0.0) -> WarrenError:
-    """The WarrenError subclass of status or, for an error inside a stream (status 0), of code."""
+class InfraError(WarrenError):
+    """The call failed because of the platform, not the task: its node was
+    lost, its agent restarted mid-call, the platform shut the sandbox down,
+    an internal error. ``infra`` says why. A trainer masks such a rollout
+    instead of scoring it zero. Raised as a subclass of the status's own
+    class too, so ``except UnavailableError`` still catches a lost node."""
+
+
+_INFRA_CLASSES: Dict[type, type] = {}
+
+
+def _error(status: int, code: str, message: str, retry_after: float = 0.0, infra: str = "") -> WarrenError:
+    """The WarrenError subclass of status or, for an error inside a stream
+    (status 0), of code; with infra, one that is an InfraError too."""
     cls = PortUnreachableError if code == "port_unreachable" else _STATUS_ERRORS.get(status)
     if cls is None and not status:
         cls = _STATUS_ERRORS.get(404 if code.endswith("_not_found") else _CODE_STATUS.get(code, 0))
-    return (cls or WarrenError)(status, code, message, retry_after)
+    cls = cls or WarrenError
+    if infra:
+        if cls not in _INFRA_CLASSES:
+            _INFRA_CLASSES[cls] = type("Infra" + cls.__name__, (InfraError, cls), {})
+        cls = _INFRA_CLASSES[cls]
+    return cls(status, code, message, retry_after, infra)
 
 
 @dataclass
@@ -428,7 +447,7 @@ class Client:
             for ev in _ndjson(resp):
                 if "error" in ev:
                     e = ev["error"]
-                    raise _error(ev.get("status", 0), e.get("code", ""), e.get("message", ""))
+                    raise _error(ev.get("status", 0), e.get("code", ""), e.get("message", ""), infra=e.get("infra_error", ""))
                 if "result" in ev:
                     return ExecResult.from_json(ev["result"], bytes(out), bytes(err))
                 data = _decode(ev.get("data", ""), ev.get("encoding", ""))
@@ -812,15 +831,16 @@ def _error_from(e: urllib.error.HTTPError) -> WarrenError:
 
 
 def _error_body(status: int, body: bytes, retry_after: str = "", reason: str = "") -> WarrenError:
-    code, message, retry = "", body.decode(errors="replace").strip() or reason, 0.0
+    code, message, retry, infra = "", body.decode(errors="replace").strip() or reason, 0.0, ""
     try:
         err = json.loads(body)["error"]
         code, message, retry = err.get("code", ""), err.get("message", message), float(err.get("retry_after", 0))
+        infra = err.get("infra_error", "")
     except (ValueError, KeyError, TypeError):
         pass
     if not retry and retry_after.isdigit():
         retry = float(retry_after)
-    return _error(status, code or f"http_{status}", message, retry)
+    return _error(status, code or f"http_{status}", message, retry, infra)
 
 
 def _bytes_field(body: Dict[str, Any], key: str, data: Union[str, bytes, None]) -> None:
