@@ -80,6 +80,13 @@ type CreateSandboxRequest struct {
 	// means the calling token's own project. A token creates only within
 	// its project's subtree.
 	Project string `json:"project,omitempty"`
+	// Worker declares the sandbox a rollout worker (long-lived, it runs
+	// the agent scaffold): pausing it pauses the sandboxes it drives, and
+	// resuming it resumes them (LabelWorker). WorkerOf links the new
+	// sandbox to the worker (a sandbox id) that drives it
+	// (LabelWorkerOf).
+	Worker   bool   `json:"worker,omitempty"`
+	WorkerOf string `json:"worker_of,omitempty"`
 	// Build makes a build sandbox (Sandbox.Build): one a builder sets up
 	// an environment in, which runners cannot see. Default: true when the
 	// caller's role is builder, false otherwise; true needs builder or
@@ -670,6 +677,13 @@ type SandboxUpdate struct {
 	AutoPause   *Duration          `json:"auto_pause,omitempty"`
 	Labels      map[string]*string `json:"labels,omitempty"`
 }
+
+// Labels of rollout workers and the sandboxes they drive
+// (CreateSandboxRequest.Worker, WorkerOf).
+const (
+	LabelWorker   = "warren.dev/worker"    // "true" on a worker
+	LabelWorkerOf = "warren.dev/worker-of" // the worker's id, on the sandboxes it drives
+)
 
 // LabelPrefixPlatform starts the labels the platform sets (LabelGang,
 // LabelForkOf, ...): an update cannot change them.

@@ -152,6 +152,8 @@ value) and, when its value has an "@" and no "=", the environment to start from.
 	f.StringVarP(&output, "output", "o", "", "output: id (default) or json")
 	f.IntVar(&count, "count", 1, "create a gang of this many sandboxes (one id a line), labelled "+api.LabelGang)
 	f.BoolVar(&allOrNone, "all-or-none", false, "with --count: create all of them or none")
+	f.BoolVar(&req.Worker, "worker", false, "a rollout worker: pausing it pauses the sandboxes it drives (--worker-of), resuming it resumes them")
+	f.StringVar(&req.WorkerOf, "worker-of", "", "the worker sandbox that drives this one")
 	f.BoolVar(&build, "build", false, "a build sandbox, hidden from runners (default: yes with a builder token; --build=false for an ordinary one)")
 	network.register(c)
 	return c

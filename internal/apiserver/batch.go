@@ -59,6 +59,9 @@ func (s *Server) createGang(ctx context.Context, req api.BatchCreateRequest) (ap
 	if tmpl.Build, err = settleBuild(ctx, tmpl.Build); err != nil { // auth.go
 		return api.BatchCreateResponse{}, 0, err
 	}
+	if err := s.settleWorker(ctx, &tmpl); err != nil { // pause.go
+		return api.BatchCreateResponse{}, 0, err
+	}
 	if err := s.checkPublished(ctx, tmpl.Image); err != nil { // publish.go
 		return api.BatchCreateResponse{}, 0, err
 	}

@@ -2,6 +2,7 @@ package apiserver
 
 import (
 	"context"
+	"maps"
 	"net/http"
 	"strings"
 	"sync"
@@ -107,4 +108,79 @@ func (s *Server) pauseAll(ctx context.Context, project string, labels map[string
 	s.log.Info("bulk "+map[bool]string{false: "pause", true: "resume"}[resume], "project", project, "labels", labels,
 		"sandboxes", len(res.Sandboxes), "nodes", len(res.Nodes))
 	return res, nil
+}
+
+// settleWorker turns a create's Worker and WorkerOf into their labels,
+// after checking the worker is one the caller reaches and is a worker.
+// The labels themselves are the platform's to set.
+func (s *Server) settleWorker(ctx context.Context, req *api.CreateSandboxRequest) error {
+	for _, k := range []string{api.LabelWorker, api.LabelWorkerOf} {
+		if _, ok := req.Labels[k]; ok {
+			return errdefs.Invalid("label %s is the platform's: use worker or worker_of", k)
+		}
+	}
+	if !req.Worker && req.WorkerOf == "" {
+		return nil
+	}
+	if req.Worker && req.WorkerOf != "" {
+		return errdefs.Invalid("a sandbox is a worker or driven by one, not both")
+	}
+	labels := maps.Clone(req.Labels)
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	if req.Worker {
+		labels[api.LabelWorker] = "true"
+	} else {
+		n, err := s.routeNode(req.WorkerOf)
+		if err == nil {
+			err = s.checkSandboxScope(ctx, req.WorkerOf, n)
+		}
+		var w api.Sandbox
+		if err == nil {
+			w, err = n.Get(ctx, req.WorkerOf)
+		}
+		if err != nil {
+			return errdefs.New(errdefs.ErrInvalid, api.CodeInvalid, "worker_of %s: %v", req.WorkerOf, err)
+		}
+		if w.Labels[api.LabelWorker] != "true" {
+			return errdefs.Invalid("worker_of %s: that sandbox is no worker (create it with worker: true)", req.WorkerOf)
+		}
+		labels[api.LabelWorkerOf] = req.WorkerOf
+	}
+	req.Labels, req.Worker, req.WorkerOf = labels, false, ""
+	return nil
+}
+
+// pauseSandbox serves POST /v1/sandboxes/{id}/pause and /resume: the
+// sandbox's node pauses (resumes) it; a worker's group follows, across
+// nodes (the sandboxes labelled LabelWorkerOf it).
+func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
+	resume := strings.HasSuffix(r.URL.Path, "/resume")
+	id, n, err := s.sandboxNode(r)
+	if err != nil {
+		return err
+	}
+	verb := "pause?by=caller"
+	if resume {
+		verb = "resume?by=caller"
+	}
+	ctx := r.Context()
+	var sb api.Sandbox
+	if err := callNode(ctx, n, id, verb, struct{}{}, &sb); err != nil {
+		return err
+	}
+	if sb.Labels[api.LabelWorker] == "true" {
+		by := "worker"
+		res, err := s.pauseAll(ctx, sb.Project, map[string]string{api.LabelWorkerOf: id}, resume, by)
+		if err != nil {
+			return err
+		}
+		for _, it := range res.Sandboxes {
+			if it.Error != nil {
+				s.log.Warn("a worker's group: pause or resume failed", "worker", id, "sandbox", it.ID, "err", it.Error.Message)
+			}
+		}
+	}
+	return writeJSON(w, http.StatusOK, sb)
 }

@@ -53,6 +53,9 @@ func (s *Server) admitCreate(w http.ResponseWriter, r *http.Request, req api.Cre
 	if req.Build, err = settleBuild(ctx, req.Build); err != nil { // auth.go
 		return api.Sandbox{}, err
 	}
+	if err := s.settleWorker(ctx, &req); err != nil { // pause.go
+		return api.Sandbox{}, err
+	}
 	if err := s.checkPublished(ctx, req.Image); err != nil { // publish.go
 		return api.Sandbox{}, err
 	}

@@ -121,6 +121,8 @@ func (s *Server) routes() {
 	s.mux.Handle("POST /v1/sandboxes:batch", auth(s.createBatch)) // batch.go
 	s.mux.Handle("POST /v1/sandboxes:pause", auth(s.bulkPause))   // pause.go
 	s.mux.Handle("POST /v1/sandboxes:resume", auth(s.bulkPause))
+	s.mux.Handle("POST /v1/sandboxes/{id}/pause", auth(s.pauseSandbox)) // pause.go: a worker's group follows
+	s.mux.Handle("POST /v1/sandboxes/{id}/resume", auth(s.pauseSandbox))
 	s.mux.Handle("GET /v1/sandboxes", auth(s.listSandboxes))
 	s.mux.Handle("GET /v1/sandboxes/{id}", auth(s.getSandbox))
 	s.mux.Handle("DELETE /v1/sandboxes/{id}", auth(s.deleteSandbox))

@@ -151,6 +151,11 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	delete(tmpl.Labels, api.LabelGang) // the branches are a gang of their own
 	delete(tmpl.Labels, api.LabelGangIndex)
+	// A worker's branches are no workers; a driven sandbox's are driven
+	// by the same worker.
+	tmpl.WorkerOf = tmpl.Labels[api.LabelWorkerOf]
+	delete(tmpl.Labels, api.LabelWorker)
+	delete(tmpl.Labels, api.LabelWorkerOf)
 	maps.Copy(tmpl.Labels, req.Labels)
 	tmpl.Labels[api.LabelForkOf], tmpl.Labels[api.LabelSnapshot] = src.ID, snap.ID
 	if src.Network != nil {

@@ -88,6 +88,31 @@ func TestUpPause(t *testing.T) {
 	}
 	c.MustRun("project", "resume", "rl")
 
+	// A rollout worker: pausing it pauses the sandboxes it drives, and
+	// resuming it resumes them.
+	worker := strings.TrimSpace(c.MustRun("sandbox", "create", "--image", "busybox", "--worker"))
+	var driven []string
+	for range 2 {
+		driven = append(driven, strings.TrimSpace(c.MustRun("sandbox", "create", "--image", "busybox", "--worker-of", worker)))
+	}
+	if _, stderr, code := c.Run("sandbox", "create", "--image", "busybox", "--worker-of", bystander); code == 0 || !strings.Contains(stderr, "no worker") {
+		t.Errorf("--worker-of a sandbox that is no worker: exit %d, %q", code, stderr)
+	}
+	for _, verb := range []string{"pause", "resume"} {
+		c.MustRun("sandbox", verb, worker)
+		want := map[string]string{"pause": api.StatePaused, "resume": api.StateRunning}[verb]
+		for _, id := range append([]string{worker}, driven...) {
+			mustJSON(t, c.MustRun("sandbox", "get", id, "-o", "json"), &got)
+			if got.State != want {
+				t.Errorf("%s after %s of its worker: %s, want %s", id, verb, got.State, want)
+			}
+		}
+	}
+	mustJSON(t, c.MustRun("sandbox", "get", bystander, "-o", "json"), &got)
+	if got.State != api.StateRunning {
+		t.Errorf("a sandbox no worker drives after the worker's pause: %s", got.State)
+	}
+
 	// Update: TTL from now, labels.
 	before := time.Now()
 	got = api.Sandbox{}
