@@ -650,6 +650,15 @@ type BulkPauseResult struct {
 	Nodes     map[string]BulkNodeCount `json:"nodes"`
 }
 
+// BulkPauseEvent is one line of a bulk pause or resume answered as a
+// stream (Accept: application/x-ndjson): first Total, how many sandboxes
+// it matched; then each Sandbox as it is done; last the Result.
+type BulkPauseEvent struct {
+	Total   *int             `json:"total,omitempty"`
+	Sandbox *BulkPauseItem   `json:"sandbox,omitempty"`
+	Result  *BulkPauseResult `json:"result,omitempty"`
+}
+
 // BulkPauseItem is one sandbox of a bulk pause or resume: its state after
 // it, or why it failed.
 type BulkPauseItem struct {

@@ -1,7 +1,10 @@
 package client
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -51,6 +54,57 @@ func (c *Client) bulk(ctx context.Context, path string, sel api.PauseSelector) (
 		return nil, err
 	}
 	return &res, nil
+}
+
+// PauseSandboxesProgress is PauseSandboxes (ResumeSandboxes when resume)
+// with progress: the server streams each sandbox as it is done, and
+// progress hears how many are done of how many.
+func (c *Client) PauseSandboxesProgress(ctx context.Context, sel api.PauseSelector, resume bool, progress func(done, total int)) (*api.BulkPauseResult, error) {
+	path := "/v1/sandboxes:pause"
+	if resume {
+		path = "/v1/sandboxes:resume"
+	}
+	body, err := json.Marshal(sel)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.do(ctx, request{method: http.MethodPost, path: path, body: bytes.NewReader(body),
+		contentType: contentJSON, accept: contentNDJSON})
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if mediaType(resp.Header) == contentJSON { // a server without the stream
+		var res api.BulkPauseResult
+		if err := json.NewDecoder(resp.Body).Decode(&res); err != nil {
+			return nil, fmt.Errorf("warren client: decode bulk result: %w", err)
+		}
+		return &res, nil
+	}
+	dec := json.NewDecoder(resp.Body)
+	total, done := 0, 0
+	for {
+		var ev struct {
+			api.BulkPauseEvent
+			Error *api.Error `json:"error,omitempty"`
+		}
+		if err := dec.Decode(&ev); err != nil {
+			return nil, fmt.Errorf("warren client: bulk stream: %w", err)
+		}
+		switch {
+		case ev.Error != nil:
+			return nil, fromAPIError(0, ev.Error)
+		case ev.Result != nil:
+			return ev.Result, nil
+		case ev.Total != nil:
+			total = *ev.Total
+		case ev.Sandbox != nil:
+			done++
+		}
+		if progress != nil {
+			progress(done, total)
+		}
+	}
 }
 
 // UpdateSandbox changes a live sandbox's TTL (counted from now), idle

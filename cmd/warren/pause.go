@@ -140,13 +140,22 @@ func printPaused(w io.Writer, sb *api.Sandbox, took time.Duration) {
 }
 
 func (a *app) pauseBulk(ctx context.Context, sel api.PauseSelector, resume bool, output string) error {
-	cl := a.client()
-	f, verb := cl.PauseSandboxes, "paused"
+	verb := "paused"
 	if resume {
-		f, verb = cl.ResumeSandboxes, "resumed"
+		verb = "resumed"
 	}
 	start := time.Now()
-	res, err := f(ctx, sel)
+	tty := isTerminal(a.stderr)
+	drawn := time.Time{}
+	res, err := a.client().PauseSandboxesProgress(ctx, sel, resume, func(done, total int) {
+		if tty && (done == total || time.Since(drawn) > 100*time.Millisecond) {
+			drawn = time.Now()
+			fmt.Fprintf(a.stderr, "\r%s %d of %d\x1b[K", verb, done, total)
+		}
+	})
+	if tty && !drawn.IsZero() {
+		fmt.Fprintln(a.stderr)
+	}
 	if err != nil {
 		return err
 	}

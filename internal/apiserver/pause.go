@@ -2,6 +2,7 @@ package apiserver
 
 import (
 	"context"
+	"encoding/json"
 	"maps"
 	"net/http"
 	"strings"
@@ -46,7 +47,31 @@ func (s *Server) bulkPause(w http.ResponseWriter, r *http.Request) error {
 	if len(sel.Labels) == 0 {
 		by = "project"
 	}
-	res, err := s.pauseAll(ctx, project, sel.Labels, resume, by)
+	stream := r.Header.Get("Accept") == ndjsonType
+	var progress func(total int, item *api.BulkPauseItem)
+	if stream {
+		// Each sandbox as it is done, for a caller's progress.
+		w.Header().Set("Content-Type", ndjsonType)
+		w.WriteHeader(http.StatusOK)
+		enc := json.NewEncoder(w)
+		rc := http.NewResponseController(w)
+		progress = func(total int, item *api.BulkPauseItem) {
+			ev := api.BulkPauseEvent{Sandbox: item}
+			if item == nil {
+				ev.Total = &total
+			}
+			enc.Encode(ev)
+			rc.Flush()
+		}
+	}
+	res, err := s.pauseAll(ctx, project, sel.Labels, resume, by, progress)
+	if stream {
+		if err != nil {
+			_, e := apiError(err)
+			return json.NewEncoder(w).Encode(map[string]any{"error": e})
+		}
+		return json.NewEncoder(w).Encode(api.BulkPauseEvent{Result: &res})
+	}
 	if err != nil {
 		return err
 	}
@@ -55,8 +80,10 @@ func (s *Server) bulkPause(w http.ResponseWriter, r *http.Request) error {
 
 // pauseAll pauses (or resumes) the sandboxes in project's subtree that
 // carry labels: the running ones (or the paused ones), nodes in
-// parallel, bulkPauseWidth at a time on each.
-func (s *Server) pauseAll(ctx context.Context, project string, labels map[string]string, resume bool, by string) (api.BulkPauseResult, error) {
+// parallel, bulkPauseWidth at a time on each. progress, if set, hears the
+// total (with a nil item) first, then each sandbox as it is done.
+func (s *Server) pauseAll(ctx context.Context, project string, labels map[string]string, resume bool, by string,
+	progress func(total int, item *api.BulkPauseItem)) (api.BulkPauseResult, error) {
 	list, err := s.cluster.List(ctx, node.Filter{Labels: labels})
 	if err != nil {
 		return api.BulkPauseResult{}, err
@@ -72,6 +99,13 @@ func (s *Server) pauseAll(ctx context.Context, project string, labels map[string
 		}
 	}
 	res := api.BulkPauseResult{Sandboxes: []api.BulkPauseItem{}, Nodes: map[string]api.BulkNodeCount{}}
+	if progress != nil {
+		total := 0
+		for _, sbs := range byNode {
+			total += len(sbs)
+		}
+		progress(total, nil)
+	}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for nodeID, sbs := range byNode {
@@ -101,6 +135,9 @@ func (s *Server) pauseAll(ctx context.Context, project string, labels map[string
 				}
 				res.Nodes[nodeID] = c
 				res.Sandboxes = append(res.Sandboxes, item)
+				if progress != nil {
+					progress(0, &item)
+				}
 			}()
 		}
 	}
@@ -172,7 +209,7 @@ func (s *Server) pauseSandbox(w http.ResponseWriter, r *http.Request) error {
 	}
 	if sb.Labels[api.LabelWorker] == "true" {
 		by := "worker"
-		res, err := s.pauseAll(ctx, sb.Project, map[string]string{api.LabelWorkerOf: id}, resume, by)
+		res, err := s.pauseAll(ctx, sb.Project, map[string]string{api.LabelWorkerOf: id}, resume, by, nil)
 		if err != nil {
 			return err
 		}
