@@ -82,7 +82,7 @@ func newNodeLsCmd(a *app) *cobra.Command {
 				row(tw, n.ID, pool, health, orDash(n.Address), orDash(strings.Join(n.Backends, ",")),
 					num(n.Usage.CPU)+"/"+num(n.Capacity.CPU),
 					memHuman(n.Usage.Memory)+"/"+memHuman(n.Capacity.Memory),
-					fmt.Sprintf("%d/%d", n.Usage.Sandboxes, n.Capacity.Sandboxes),
+					sandboxCount(n),
 					orDash(n.DiskQuota), network, securitySummary(n.Security), snapshotKinds(n.Snapshots),
 					orDash(strings.Join(n.Problems, "; ")))
 			}
@@ -137,4 +137,14 @@ func snapshotKinds(s *api.NodeSnapshots) string {
 		return "-"
 	}
 	return strings.Join(s.Kinds, ",")
+}
+
+// sandboxCount is node ls's SANDBOXES column: used of capacity, and how
+// many of them are paused.
+func sandboxCount(n api.Node) string {
+	s := fmt.Sprintf("%d/%d", n.Usage.Sandboxes, n.Capacity.Sandboxes)
+	if n.Usage.Paused > 0 {
+		s += fmt.Sprintf(",%d-paused", n.Usage.Paused)
+	}
+	return s
 }

@@ -42,6 +42,9 @@ func TestUpPause(t *testing.T) {
 	if nodes.Nodes[0].Usage.Paused != 1 || nodes.Nodes[0].PauseReclaim == "" {
 		t.Errorf("node ls: usage %+v, pause_reclaim %q; want 1 paused, and what pausing reclaims", nodes.Nodes[0].Usage, nodes.Nodes[0].PauseReclaim)
 	}
+	if out := c.MustRun("node", "ls"); !strings.Contains(out, "1/1000,1-paused") {
+		t.Errorf("node ls does not count it paused:\n%s", out)
+	}
 	if out := c.MustRun("sandbox", "ls"); !strings.Contains(out, "paused") {
 		t.Errorf("sandbox ls does not show it paused:\n%s", out)
 	}
