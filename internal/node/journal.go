@@ -172,6 +172,12 @@ func (a *Agent) record(id string, start time.Time, e api.JournalEntry, err error
 		_, ae := httperr.ToAPI(err)
 		e.Error = &ae
 	}
+	a.mu.Lock()
+	_, live := a.sandboxes[id]
+	a.mu.Unlock()
+	if !live {
+		return // ended meanwhile: its journal went with it
+	}
 	if werr := a.journalFor(id).add(e); werr != nil {
 		a.log.Warn("journal", "sandbox", id, "err", werr)
 	}

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -92,6 +93,12 @@ func (a *Agent) recover(ctx context.Context) error {
 		path := filepath.Join(a.cfg.StateDir, name)
 		if strings.HasSuffix(name, ".tmp") {
 			os.Remove(path)
+			continue
+		}
+		if rec, ok := strings.CutSuffix(name, ".journal"); ok {
+			if _, err := os.Stat(filepath.Join(a.cfg.StateDir, rec)); errors.Is(err, os.ErrNotExist) {
+				os.Remove(path) // a journal whose sandbox is gone
+			}
 			continue
 		}
 		if !strings.HasSuffix(name, ".json") {
