@@ -126,6 +126,17 @@ func (d Dir) CanFreeze() bool {
 	return err == nil
 }
 
+// Frozen says whether d itself is frozen (its own freeze, as Freeze sets
+// it; not one inherited from a parent).
+func (d Dir) Frozen() bool {
+	name, want := "freezer.state", "FROZEN"
+	if d.V2 {
+		name, want = "cgroup.freeze", "1"
+	}
+	b, err := os.ReadFile(filepath.Join(d.Path, name))
+	return err == nil && strings.TrimSpace(string(b)) == want
+}
+
 // Freeze stops every process in d and below, and waits until the kernel
 // says they are. If ctx ends first, d is thawed again before Freeze
 // returns: a failed freeze never leaves a cgroup frozen.

@@ -319,6 +319,10 @@ func (a *Agent) Close() error {
 
 // Status reports the node's capacity, usage and problems.
 func (a *Agent) Status() api.Node {
+	var reclaim string
+	if a.pauses { // fixed at New
+		reclaim = swap.Describe() // a read of /proc/swaps, not under a.mu
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	n := api.Node{
@@ -344,9 +348,7 @@ func (a *Agent) Status() api.Node {
 		Security:  a.security,
 		Snapshots: a.snapshots,
 	}
-	if a.pauses {
-		n.PauseReclaim = swap.Describe() // one read of /proc/swaps
-	}
+	n.PauseReclaim = reclaim
 	for name := range a.backends {
 		n.Backends = append(n.Backends, name)
 	}

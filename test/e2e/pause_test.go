@@ -17,15 +17,7 @@ import (
 // exec, TTL updates, and the Python SDK's calls.
 func TestUpPause(t *testing.T) {
 	testutil.RequireContainers(t)
-	c := &cluster{T: t, Bin: warrenBin(t), DataDir: t.TempDir(), Addr: freeAddr(t), Args: []string{"--no-fn"}}
-	c.Start()
-	t.Cleanup(func() {
-		c.Run("sandbox", "rm", "--all")
-		c.Stop()
-		if t.Failed() {
-			t.Logf("warren up log:\n%s", c.Log)
-		}
-	})
+	c := startUp(t)
 	sb := strings.TrimSpace(c.MustRun("sandbox", "create", "--image", "busybox", "--ttl", "1h", "--label", "run=exp-17"))
 	c.MustRun("exec", sb, "--sh", "dd if=/dev/zero of=/big bs=1M count=32 2>/dev/null; echo 1 > /state")
 	out := c.MustRun("sandbox", "pause", sb)

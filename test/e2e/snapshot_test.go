@@ -26,15 +26,7 @@ import (
 func TestUpSnapshot(t *testing.T) {
 	testutil.RequireContainers(t)
 	testutil.RequireBinary(t, "go")
-	c := &cluster{T: t, Bin: warrenBin(t), DataDir: t.TempDir(), Addr: freeAddr(t), Args: []string{"--no-fn"}}
-	c.Start()
-	t.Cleanup(func() {
-		c.Run("sandbox", "rm", "--all")
-		c.Stop()
-		if t.Failed() {
-			t.Logf("warren up log:\n%s", c.Log)
-		}
-	})
+	c := startUp(t)
 
 	src := strings.TrimSpace(c.MustRun("sandbox", "create", "--image", "busybox", "--env", "STAGE=build"))
 	// A build plants an answer (declared: --strip) and leaves residue a
@@ -286,15 +278,7 @@ func grepTree(t *testing.T, dir, s string) []string {
 // steps, a directory replaced, a file of the base layer deleted.
 func TestUpSquash(t *testing.T) {
 	testutil.RequireContainers(t)
-	c := &cluster{T: t, Bin: warrenBin(t), DataDir: t.TempDir(), Addr: freeAddr(t), Args: []string{"--no-fn"}}
-	c.Start()
-	t.Cleanup(func() {
-		c.Run("sandbox", "rm", "--all")
-		c.Stop()
-		if t.Failed() {
-			t.Logf("warren up log:\n%s", c.Log)
-		}
-	})
+	c := startUp(t)
 	steps := api.MaxDiffDepth + 1
 	img := "busybox"
 	var sbx string
@@ -445,4 +429,20 @@ func ociTopLayer(t *testing.T, dir string) []string {
 		}
 		names = append(names, strings.TrimPrefix(strings.TrimSuffix(h.Name, "/"), "./"))
 	}
+}
+
+// startUp starts `warren up` without FnCall for t, and at its end removes
+// every sandbox and stops it (printing its log if t failed).
+func startUp(t *testing.T) *cluster {
+	t.Helper()
+	c := &cluster{T: t, Bin: warrenBin(t), DataDir: t.TempDir(), Addr: freeAddr(t), Args: []string{"--no-fn"}}
+	c.Start()
+	t.Cleanup(func() {
+		c.Run("sandbox", "rm", "--all")
+		c.Stop()
+		if t.Failed() {
+			t.Logf("warren up log:\n%s", c.Log)
+		}
+	})
+	return c
 }

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -114,17 +112,7 @@ func (c *Container) restoreSwap(id string, mem cgroup.Dir) {
 }
 
 // paused says whether s's cgroup is frozen (by a Pause).
-func (s *sandbox) paused() bool {
-	if s.cg.base.Path == "" {
-		return false
-	}
-	name, want := "freezer.state", "FROZEN"
-	if s.cg.base.V2 {
-		name, want = "cgroup.freeze", "1"
-	}
-	b, err := os.ReadFile(filepath.Join(s.cg.base.Path, name))
-	return err == nil && strings.TrimSpace(string(b)) == want
-}
+func (s *sandbox) paused() bool { return s.cg.base.Path != "" && s.cg.base.Frozen() }
 
 // memDir is the container's memory cgroup: v1's memory hierarchy, or
 // its one v2 cgroup.
@@ -144,43 +132,33 @@ func charged(d cgroup.Dir) int64 {
 	if d.V2 {
 		name = "memory.current"
 	}
-	b, err := os.ReadFile(filepath.Join(d.Path, name))
+	f, err := cgroup.Open(d.Path, name, unix.O_RDONLY)
 	if err != nil {
 		return 0
 	}
-	n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	defer f.Close()
+	n, _ := f.ReadInt()
 	return n
 }
 
-// reclaim pushes out up to n bytes charged to d and names how.
+// reclaim pushes out up to n bytes charged to d and names how. Through
+// cgroup.File, not os.WriteFile: Go's poller takes a write's EAGAIN as
+// "would block" and waits for the file to become writable, which
+// memory.reclaim answering EAGAIN (not all of it could go) never does.
 func reclaim(d cgroup.Dir, n int64) (string, error) {
+	name, value := "memory.force_empty", int64(0)
 	if d.V2 {
-		// EAGAIN: less could go than was asked (no swap for the
-		// anonymous part); what could go went.
-		err := writeRaw(filepath.Join(d.Path, "memory.reclaim"), strconv.FormatInt(max(n, 4096), 10))
-		if err != nil && !errors.Is(err, unix.EAGAIN) {
-			return "", fmt.Errorf("memory.reclaim: %w", err)
-		}
-		return "memory.reclaim", nil
+		name, value = "memory.reclaim", max(n, 4096)
 	}
-	if err := writeRaw(filepath.Join(d.Path, "memory.force_empty"), "0"); err != nil {
-		return "", fmt.Errorf("memory.force_empty: %w", err)
-	}
-	return "memory.force_empty", nil
-}
-
-// writeRaw writes s to the file at path with plain system calls. Not
-// os.WriteFile: Go's poller takes a write's EAGAIN as "would block" and
-// waits for the file to become writable, which a cgroup file answering
-// EAGAIN (memory.reclaim: not all of it could go) never does.
-func writeRaw(path, s string) error {
-	fd, err := unix.Open(path, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	f, err := cgroup.Open(d.Path, name, unix.O_WRONLY)
 	if err != nil {
-		return &os.PathError{Op: "open", Path: path, Err: err}
+		return "", err
 	}
-	defer unix.Close(fd)
-	if _, err := unix.Write(fd, []byte(s)); err != nil {
-		return &os.PathError{Op: "write", Path: path, Err: err}
+	defer f.Close()
+	// EAGAIN from memory.reclaim: less could go than was asked (no swap
+	// for the anonymous part); what could go went.
+	if err := f.WriteInt(value); err != nil && !(d.V2 && errors.Is(err, unix.EAGAIN)) {
+		return "", fmt.Errorf("%s: %w", name, err)
 	}
-	return nil
+	return name, nil
 }
