@@ -26,19 +26,18 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/warrenhq/warren/guest/boot"
 )
 
 // ExitMarker prefixes the status line on the console.
 const ExitMarker = "warren-guest: exit status "
-
-const moduleDir = "/lib/modules/warren"
 
 type config struct {
 	root, rootType, exec, status, hostname string
@@ -54,7 +53,7 @@ type share struct {
 func main() {
 	start := time.Now()
 	code := 125
-	if err := boot(); err != nil {
+	if err := setup(); err != nil {
 		logf("error: %v", err)
 	} else {
 		code = runAndReap()
@@ -69,15 +68,9 @@ func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "warren-guest: "+format+"\n", args...)
 }
 
-func boot() error {
-	for _, m := range []struct{ src, dst, typ, opts string }{
-		{"devtmpfs", "/dev", "devtmpfs", "mode=0755"},
-		{"proc", "/proc", "proc", ""},
-		{"sysfs", "/sys", "sysfs", ""},
-	} {
-		if err := mount(m.src, m.dst, m.typ, 0, m.opts); err != nil {
-			return err
-		}
+func setup() error {
+	if err := boot.Early(); err != nil {
+		return err
 	}
 	b, err := os.ReadFile("/proc/cmdline")
 	if err != nil {
@@ -86,13 +79,15 @@ func boot() error {
 	if cfg, err = parse(string(b)); err != nil {
 		return err
 	}
-	if err := loadModules(); err != nil {
+	n, err := boot.LoadModules()
+	if err != nil {
 		return err
 	}
+	logf("loaded %d modules", n)
 	if err := mountRoot(); err != nil {
 		return err
 	}
-	if err := switchRoot("/newroot"); err != nil {
+	if err := boot.SwitchRoot("/newroot"); err != nil {
 		return err
 	}
 	return setupRoot()
@@ -126,43 +121,10 @@ func parse(cmdline string) (config, error) {
 	return c, nil
 }
 
-// loadModules loads the initramfs's modules in the order of their names.
-func loadModules() error {
-	entries, err := os.ReadDir(moduleDir)
-	if err != nil {
-		return err
-	}
-	names := make([]string, 0, len(entries))
-	for _, e := range entries {
-		names = append(names, e.Name())
-	}
-	sort.Strings(names)
-	for _, n := range names {
-		f, err := os.Open(filepath.Join(moduleDir, n))
-		if err != nil {
-			return err
-		}
-		err = unix.FinitModule(int(f.Fd()), "", 0)
-		f.Close()
-		if err != nil && err != unix.EEXIST {
-			return fmt.Errorf("load module %s: %w", n, err)
-		}
-	}
-	logf("loaded %d modules", len(names))
-	return nil
-}
-
 func mountRoot() error {
 	// The disk appears once its driver has probed it.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := os.Stat(cfg.root); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("root device %s did not appear", cfg.root)
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := boot.WaitFor("root device "+cfg.root, 30*time.Second, func() bool { _, err := os.Stat(cfg.root); return err == nil }); err != nil {
+		return err
 	}
 	if !cfg.overlay {
 		return mount(cfg.root, "/newroot", cfg.rootType, unix.MS_RDONLY, "")
@@ -184,26 +146,6 @@ func mountRoot() error {
 		}
 	}
 	return mount("overlay", "/newroot", "overlay", 0, "lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work")
-}
-
-// switchRoot makes dir the root, carrying /dev, /proc and /sys along, as
-// switch_root(8) does (the initramfs itself cannot be unmounted).
-func switchRoot(dir string) error {
-	for _, m := range []string{"/dev", "/proc", "/sys"} {
-		if err := unix.Mount(m, dir+m, "", unix.MS_MOVE, ""); err != nil {
-			return fmt.Errorf("move %s: %w", m, err)
-		}
-	}
-	if err := unix.Chdir(dir); err != nil {
-		return err
-	}
-	if err := unix.Mount(dir, "/", "", unix.MS_MOVE, ""); err != nil {
-		return fmt.Errorf("move root: %w", err)
-	}
-	if err := unix.Chroot("."); err != nil {
-		return err
-	}
-	return unix.Chdir("/")
 }
 
 func setupRoot() error {
@@ -239,37 +181,11 @@ func setupRoot() error {
 	if err := unix.Sethostname([]byte(cfg.hostname)); err != nil {
 		return err
 	}
-	return loUp()
+	return boot.LoUp()
 }
 
 func mount(src, dst, typ string, flags uintptr, opts string) error {
-	if err := os.MkdirAll(dst, 0o755); err != nil {
-		return err
-	}
-	if err := unix.Mount(src, dst, typ, flags, opts); err != nil {
-		return fmt.Errorf("mount %s on %s (%s): %w", src, dst, typ, err)
-	}
-	return nil
-}
-
-func loUp() error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	ifr, err := unix.NewIfreq("lo")
-	if err != nil {
-		return err
-	}
-	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("lo: %w", err)
-	}
-	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
-	if err := unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("lo up: %w", err)
-	}
-	return nil
+	return boot.Mount(src, dst, typ, flags, opts)
 }
 
 // runAndReap runs the program and reaps every process reparented to pid 1
@@ -317,11 +233,7 @@ func finish(code int) {
 	}
 	unix.Sync()
 	fmt.Fprintf(os.Stderr, "%s%d\n", ExitMarker, code)
-	unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF)
-	// Not reached unless reboot fails; pid 1 must not exit.
-	for {
-		time.Sleep(time.Hour)
-	}
+	boot.PowerOff()
 }
 
 func writeSync(path, s string) error {

@@ -36,6 +36,9 @@ type Spec struct {
 	Load []string
 	// Dirs are extra empty directories to create.
 	Dirs []string
+	// Files are extra files: archive path -> host path (mode 0755), their
+	// parents among Dirs.
+	Files map[string]string
 }
 
 // Write writes the archive to w. It fails with a clear error when a named
@@ -61,6 +64,20 @@ func Write(w io.Writer, s Spec) error {
 	}
 	if err := c.File("init", 0o755, init); err != nil {
 		return err
+	}
+	extra := make([]string, 0, len(s.Files))
+	for name := range s.Files {
+		extra = append(extra, name)
+	}
+	sort.Strings(extra)
+	for _, name := range extra {
+		b, err := os.ReadFile(s.Files[name])
+		if err != nil {
+			return fmt.Errorf("initramfs: %w", err)
+		}
+		if err := c.File(name, 0o755, b); err != nil {
+			return err
+		}
 	}
 	for i, m := range mods {
 		b, err := os.ReadFile(m.Path)

@@ -18,6 +18,8 @@ import (
 	"net"
 	"os"
 	"time"
+
+	"github.com/warrenhq/warren/internal/errdefs"
 )
 
 // Layer is one read-only EROFS layer, already present on local disk.
@@ -282,4 +284,21 @@ type Snapshot struct {
 // syscall.ECONNREFUSED.
 type PortDialer interface {
 	DialPort(ctx context.Context, id string, port int) (net.Conn, error)
+}
+
+// ValidID checks that id can name a sandbox on a node: 1 to 128 of
+// [A-Za-z0-9._-], starting with a letter or digit, so that it is a safe
+// path element and hostname-like. ErrInvalid otherwise.
+func ValidID(id string) error {
+	if id == "" || len(id) > 128 {
+		return errdefs.Invalid("sandbox id %q: want 1 to 128 characters", id)
+	}
+	for i, r := range id {
+		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' ||
+			i > 0 && (r == '-' || r == '_' || r == '.')
+		if !ok {
+			return errdefs.Invalid("sandbox id %q: want [A-Za-z0-9][A-Za-z0-9._-]*", id)
+		}
+	}
+	return nil
 }

@@ -204,3 +204,48 @@ func Searchable(t testing.TB, dir string) {
 		}
 	}
 }
+
+var guestAgent struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// GuestKernelEnv names a guest kernel for microVM tests: a vmlinuz, or an
+// unpacked linux-image package (scripts/fetch-guest-kernel prints one).
+const GuestKernelEnv = "WARREN_GUEST_KERNEL"
+
+// GuestAgent builds warren-guest (guest/agent, static) once per test
+// process and returns its path.
+func GuestAgent(t testing.TB) string {
+	t.Helper()
+	guestAgent.once.Do(func() {
+		root, err := os.Getwd()
+		if err != nil {
+			guestAgent.err = err
+			return
+		}
+		for !exists(filepath.Join(root, "go.mod")) {
+			if root == "/" {
+				guestAgent.err = errors.New("go.mod not found above the working directory")
+				return
+			}
+			root = filepath.Dir(root)
+		}
+		dir, err := os.MkdirTemp("", "warren-guest-")
+		if err != nil {
+			guestAgent.err = err
+			return
+		}
+		guestAgent.path = filepath.Join(dir, "warren-guest")
+		cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s", "-o", guestAgent.path, "./guest/agent")
+		cmd.Dir, cmd.Env = root, append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			guestAgent.err = fmt.Errorf("%v\n%s", err, out)
+		}
+	})
+	if guestAgent.err != nil {
+		t.Fatalf("build warren-guest: %v", guestAgent.err)
+	}
+	return guestAgent.path
+}

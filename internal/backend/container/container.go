@@ -291,19 +291,7 @@ type sandbox struct {
 }
 
 // validID keeps ids safe as path elements, runc ids and cgroup names.
-func validID(id string) error {
-	if id == "" || len(id) > 128 {
-		return errdefs.Invalid("sandbox id %q: want 1 to 128 characters", id)
-	}
-	for i, r := range id {
-		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' ||
-			i > 0 && (r == '-' || r == '_' || r == '.')
-		if !ok {
-			return errdefs.Invalid("sandbox id %q: want [A-Za-z0-9][A-Za-z0-9._-]*", id)
-		}
-	}
-	return nil
-}
+func validID(id string) error { return backend.ValidID(id) }
 
 func (c *Container) dir(id string) string { return filepath.Join(c.sandboxDir, id) }
 

@@ -332,19 +332,7 @@ func (b *Backend) get(id string) (*box, error) {
 
 // validID keeps ids safe as path elements (same rule as the container
 // backend).
-func validID(id string) error {
-	if id == "" || len(id) > 128 {
-		return errdefs.Invalid("fake: sandbox id %q: want 1 to 128 characters", id)
-	}
-	for i, r := range id {
-		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' ||
-			i > 0 && (r == '-' || r == '_' || r == '.')
-		if !ok {
-			return errdefs.Invalid("fake: sandbox id %q: want [A-Za-z0-9][A-Za-z0-9._-]*", id)
-		}
-	}
-	return nil
-}
+func validID(id string) error { return backend.ValidID(id) }
 
 // stateVersion is the version of state.json this code writes and reads.
 const stateVersion = 1

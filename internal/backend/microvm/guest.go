@@ -1,0 +1,224 @@
+package microvm
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/warrenhq/warren/guest/proto"
+	"github.com/warrenhq/warren/internal/errdefs"
+)
+
+// guest is the node's side of one sandbox's agent channel: one session
+// on the virtio-serial port's socket at a time, dialled on first use and
+// again after it broke (an agent restart, a resume).
+type guest struct {
+	sock, secret string
+	alive        func() bool // whether QEMU still runs
+
+	mu sync.Mutex
+	cc *http2.ClientConn
+}
+
+// errGone is returned when QEMU has exited.
+var errGone = errors.New("the machine is not running")
+
+// client returns the current session, dialling one if needed.
+func (g *guest) client(ctx context.Context) (*http2.ClientConn, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.cc != nil && g.cc.CanTakeNewRequest() {
+		return g.cc, nil
+	}
+	if g.cc != nil {
+		g.cc.Close()
+		g.cc = nil
+	}
+	var d net.Dialer
+	var conn net.Conn
+	var err error
+	for wait := 10 * time.Millisecond; ; wait = min(2*wait, 200*time.Millisecond) {
+		if conn, err = d.DialContext(ctx, "unix", g.sock); err == nil {
+			break
+		}
+		if g.alive != nil && !g.alive() {
+			return nil, errGone
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("guest agent: %w (last: %v)", ctx.Err(), err)
+		case <-time.After(wait):
+		}
+	}
+	// The handshake waits for the guest agent: it answers once the
+	// guest has booted. QEMU ending meanwhile ends the wait.
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
+	done := make(chan struct{})
+	go func() {
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if g.alive != nil && !g.alive() {
+					conn.SetDeadline(time.Now())
+					return
+				}
+			}
+		}
+	}()
+	r := bufio.NewReaderSize(conn, 64<<10)
+	err = proto.HostHandshake(r, conn, g.secret)
+	close(done)
+	stop()
+	conn.SetDeadline(time.Time{})
+	if err != nil {
+		conn.Close()
+		if g.alive != nil && !g.alive() {
+			return nil, errGone
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("guest agent: %w", ctx.Err())
+		}
+		return nil, fmt.Errorf("guest agent: %w", err)
+	}
+	t := &http2.Transport{AllowHTTP: true, MaxReadFrameSize: 1 << 20, ReadIdleTimeout: 0}
+	cc, err := t.NewClientConn(&bufConn{Conn: conn, r: r})
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	g.cc = cc
+	return cc, nil
+}
+
+// close ends the session.
+func (g *guest) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.cc != nil {
+		g.cc.Close()
+		g.cc = nil
+	}
+}
+
+// bufConn reads through the handshake's buffered reader.
+type bufConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// do sends one request; a non-2xx answer is returned as its error.
+func (g *guest) do(ctx context.Context, method, path string, q url.Values, body io.Reader) (*http.Response, error) {
+	cc, err := g.client(ctx)
+	if err != nil {
+		return nil, err
+	}
+	u := "http://guest" + path
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := cc.RoundTrip(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("guest agent: %w", ctx.Err())
+		}
+		return nil, fmt.Errorf("guest agent: %s %s: %w", method, path, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		return nil, decodeError(resp)
+	}
+	return resp, nil
+}
+
+// call sends a request with a JSON (or no) body and decodes a JSON answer
+// into out (if not nil).
+func (g *guest) call(ctx context.Context, method, path string, q url.Values, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	resp, err := g.do(ctx, method, path, q, body)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("guest agent: %s %s: %w", method, path, err)
+	}
+	return nil
+}
+
+// decodeError turns an error answer into an errdefs error.
+func decodeError(resp *http.Response) error {
+	var e proto.Error
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if json.Unmarshal(b, &e) != nil || e.Message == "" {
+		return fmt.Errorf("guest agent: %s: %s", resp.Status, bytes.TrimSpace(b))
+	}
+	return protoError(&e)
+}
+
+func protoError(e *proto.Error) error {
+	switch e.Code {
+	case proto.CodeNotFound:
+		return fmt.Errorf("%w: %s", errdefs.ErrNotFound, e.Message)
+	case proto.CodeInvalid:
+		return errdefs.Invalid("%s", e.Message)
+	case proto.CodeConflict:
+		return errdefs.New(errdefs.ErrConflict, "sandbox_not_running", "%s", e.Message)
+	case proto.CodeUnavailable:
+		return errdefs.Unavailable("%s", e.Message)
+	case proto.CodeRefused:
+		return fmt.Errorf("%s: %w", e.Message, syscall.ECONNREFUSED)
+	}
+	return fmt.Errorf("guest agent: %s", e.Message)
+}
+
+// trailerError is the error a stream's trailer reports, if any.
+func trailerError(resp *http.Response) error {
+	if msg := resp.Trailer.Get("Warren-Error"); msg != "" {
+		return fmt.Errorf("guest agent: %s", msg)
+	}
+	return nil
+}
+
+// send sends a request whose body is r and wants an empty success.
+func (g *guest) send(ctx context.Context, method, path string, q url.Values, r io.Reader) error {
+	resp, err := g.do(ctx, method, path, q, r)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, resp.Body)
+	return nil
+}
