@@ -475,13 +475,16 @@ type Node struct {
 	// Pool is PoolOnPrem (also when empty) or PoolCloud.
 	Pool string `json:"pool,omitempty"`
 	// Labels are matched by a create's node selector, e.g. gpu-adjacent=true.
-	Labels    map[string]string `json:"labels,omitempty"`
-	Backends  []string          `json:"backends"`
-	Capacity  Capacity          `json:"capacity"`
-	Usage     Capacity          `json:"usage"`
-	Healthy   bool              `json:"healthy"`
-	Problems  []string          `json:"problems,omitempty"` // e.g. a backend unavailable here, and why
-	UpdatedAt time.Time         `json:"updated_at"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	Backends []string          `json:"backends"`
+	// Machines says, for each QEMU backend the node runs (microvm, vm),
+	// which accelerator its machines get (kvm or tcg) and why.
+	Machines  []NodeMachine `json:"machines,omitempty"`
+	Capacity  Capacity      `json:"capacity"`
+	Usage     Capacity      `json:"usage"`
+	Healthy   bool          `json:"healthy"`
+	Problems  []string      `json:"problems,omitempty"` // e.g. a backend unavailable here, and why
+	UpdatedAt time.Time     `json:"updated_at"`
 	// DiskQuota names how the node enforces Resources.Disk: DiskQuotaBtrfs,
 	// DiskQuotaXFS, DiskQuotaExt4, or DiskQuotaNone (empty from nodes that
 	// predate it: none either). Placement sends a create with a disk limit
@@ -503,6 +506,21 @@ type Node struct {
 	// (no swap). Empty where no backend pauses.
 	PauseReclaim string `json:"pause_reclaim,omitempty"`
 }
+
+// NodeMachine is one entry of Node.Machines.
+type NodeMachine struct {
+	Backend string `json:"backend"`
+	// Accel is AccelKVM or AccelTCG.
+	Accel string `json:"accel"`
+	// Reason says why (e.g. "/dev/kvm is served by kvm_pvm, ...").
+	Reason string `json:"reason,omitempty"`
+}
+
+// Accelerators of QEMU machines (NodeMachine.Accel).
+const (
+	AccelKVM = "kvm"
+	AccelTCG = "tcg" // QEMU's emulator: slow, works everywhere
+)
 
 // NodeSnapshots is Node.Snapshots.
 type NodeSnapshots struct {

@@ -79,7 +79,7 @@ func newNodeLsCmd(a *app) *cobra.Command {
 				if n.Network {
 					network = "yes"
 				}
-				row(tw, n.ID, pool, health, orDash(n.Address), orDash(strings.Join(n.Backends, ",")),
+				row(tw, n.ID, pool, health, orDash(n.Address), orDash(backendSummary(n)),
 					num(n.Usage.CPU)+"/"+num(n.Capacity.CPU),
 					memHuman(n.Usage.Memory)+"/"+memHuman(n.Capacity.Memory),
 					sandboxCount(n),
@@ -91,6 +91,23 @@ func newNodeLsCmd(a *app) *cobra.Command {
 	}
 	c.Flags().StringVarP(&output, "output", "o", "", "output: table (default) or json")
 	return c
+}
+
+// backendSummary lists the node's backends, each QEMU one with its
+// accelerator: "container,microvm(tcg)".
+func backendSummary(n api.Node) string {
+	accel := map[string]string{}
+	for _, m := range n.Machines {
+		accel[m.Backend] = m.Accel
+	}
+	names := make([]string, len(n.Backends))
+	for i, b := range n.Backends {
+		names[i] = b
+		if a := accel[b]; a != "" {
+			names[i] += "(" + a + ")"
+		}
+	}
+	return strings.Join(names, ",")
 }
 
 func num(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }

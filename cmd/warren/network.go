@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/backend/microvm"
 	"github.com/warrenhq/warren/internal/daemon"
 )
 
@@ -138,4 +139,11 @@ func networkConfigFlags(f *pflag.FlagSet, cfg *daemon.NetworkConfig) {
 	f.StringVar(&cfg.Name, "network-name", "", "names this agent's nftables table and interfaces apart from other agents' on the host: 1-8 of [a-z0-9] (default 0)")
 	f.StringArrayVar(&cfg.AllowPrivate, "allow-private", nil, "let sandboxes reach this private or link-local CIDR (a mirror on the LAN) despite the always-denied ranges (repeatable)")
 	f.StringArrayVar(&cfg.Deny, "deny", nil, "add this address or CIDR to what no sandbox reaches, whatever its policy (repeatable)")
+}
+
+// machineFlags are the flags of the roles that run sandboxes in QEMU.
+func machineFlags(f *pflag.FlagSet, cfg *daemon.MachineConfig) {
+	f.StringVar(&cfg.Kernel, "vm-kernel", "", "microVM guest kernel: a vmlinuz or an unpacked linux-image package (default "+microvm.DefaultKernel+", scripts/fetch-guest-kernel)")
+	f.BoolVar(&cfg.DAX, "vm-dax", false, "attach microVMs' layers on virtio-pmem with DAX, sharing the host's page cache between guests")
+	f.BoolVar(&cfg.Off, "no-microvm", false, "run no microVM sandboxes on this node")
 }

@@ -56,6 +56,7 @@ It serves plain HTTP (on loopback by default) unless given --tls-cert and
 	f.StringVar(&cfg.ImageCache, "image-cache", "", "built runtime images to publish at startup (default $WARREN_IMAGE_CACHE or "+daemon.DefaultImageCache+")")
 	fnFlags(f, &cfg.Fn)
 	networkConfigFlags(f, &cfg.Network)
+	machineFlags(f, &cfg.Machines)
 	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	return cmd
 }

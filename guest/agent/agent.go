@@ -36,9 +36,8 @@ type agent struct {
 	mu      sync.Mutex
 	started bool
 	start   proto.StartRequest
-	reaper  int      // pid of the sandbox's init (in our pid namespace)
-	mntNS   *os.File // its mount namespace
-	pidNS   *os.File // its pid namespace
+	reaper  int        // pid of the sandbox's init (in our pid namespace)
+	ns      namespaces // the reaper's
 	frozen  bool
 	reaps   *reaps
 }
@@ -50,6 +49,7 @@ func agentMain() {
 		boot.PowerOff()
 	}
 	go a.reaps.loop()
+	go watchMemory()
 	a.serve() // never returns
 }
 

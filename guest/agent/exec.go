@@ -100,7 +100,7 @@ func (a *agent) exec(ctx context.Context, req proto.ExecRequest, stdin io.Reader
 		return res, errdefs.Invalid("cwd %q is not absolute", req.Cwd)
 	}
 	a.mu.Lock()
-	started, start, mntNS, pidNS := a.started, a.start, a.mntNS, a.pidNS
+	started, start, ns := a.started, a.start, a.ns
 	a.mu.Unlock()
 	if !started {
 		return res, errdefs.New(errdefs.ErrConflict, "sandbox_not_running", "the sandbox is not started")
@@ -130,7 +130,7 @@ func (a *agent) exec(ctx context.Context, req proto.ExecRequest, stdin io.Reader
 	if err != nil {
 		return res, err
 	}
-	x, err := startLaunch(l, req.Stdin, pidNS, mntNS, a.reaps)
+	x, err := startLaunch(l, req.Stdin, ns, a.reaps)
 	if err != nil {
 		return res, err
 	}
@@ -253,8 +253,8 @@ type launched struct {
 
 // startLaunch starts the launcher in the sandbox's pid namespace and in a
 // cgroup of its own under the sandbox's.
-func startLaunch(l launch, withStdin bool, pidNS, mntNS *os.File, reaps *reaps) (x *launched, err error) {
-	x = &launched{pipes: map[string]bool{}, outDone: make(chan struct{})}
+func startLaunch(l launch, withStdin bool, ns namespaces, reaps *reaps) (_ *launched, err error) {
+	x := &launched{pipes: map[string]bool{}, outDone: make(chan struct{})}
 	var closeAfter []*os.File
 	defer func() {
 		for _, f := range closeAfter {
@@ -329,7 +329,7 @@ func startLaunch(l launch, withStdin bool, pidNS, mntNS *os.File, reaps *reaps) 
 	defer unix.Close(cgFd)
 	attr := &syscall.ProcAttr{
 		Env:   []string{},
-		Files: []uintptr{in.Fd(), outW.Fd(), errW.Fd(), cfgR.Fd(), stW.Fd(), mntNS.Fd(), shell.Fd()},
+		Files: []uintptr{in.Fd(), outW.Fd(), errW.Fd(), cfgR.Fd(), stW.Fd(), ns.mnt.Fd(), shell.Fd(), ns.uts.Fd(), ns.ipc.Fd()},
 		Sys:   &syscall.SysProcAttr{Setsid: true, UseCgroupFD: true, CgroupFD: cgFd},
 	}
 	// The launcher is born in the sandbox's pid namespace: setns(2) of a
@@ -337,7 +337,7 @@ func startLaunch(l launch, withStdin bool, pidNS, mntNS *os.File, reaps *reaps) 
 	// ends with the call (osthread).
 	var pid int
 	err = osthread.Run(func() error {
-		if err := unix.Setns(int(pidNS.Fd()), unix.CLONE_NEWPID); err != nil {
+		if err := unix.Setns(int(ns.pid.Fd()), unix.CLONE_NEWPID); err != nil {
 			return fmt.Errorf("join the sandbox's pid namespace: %w", err)
 		}
 		var err error

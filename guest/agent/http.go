@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -204,10 +203,9 @@ func (a *agent) handlePort(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	rc.Flush()
 	rc.EnableFullDuplex()
-	var wg sync.WaitGroup
-	wg.Add(1)
+	// Host to guest: until the host ends its side, or the stream ends
+	// (this handler returns once the guest's side has ended).
 	go func() {
-		defer wg.Done()
 		io.Copy(c, r.Body)
 		c.(*net.TCPConn).CloseWrite()
 	}()
@@ -224,8 +222,6 @@ func (a *agent) handlePort(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 	}
-	c.Close()
-	wg.Wait()
 }
 
 // handleSync syncs the writable disk and freezes it (freeze=1) so the

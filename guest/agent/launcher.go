@@ -19,6 +19,8 @@ const (
 	fdStatus = 4
 	fdMntNS  = 5
 	fdShell  = 6
+	fdUTSNS  = 7
+	fdIPCNS  = 8
 )
 
 // launcher runs in the sandbox's pid namespace and cgroup, started by the
@@ -44,8 +46,10 @@ func launcher() {
 	if err := unix.Unshare(unix.CLONE_FS); err != nil {
 		fail("unshare", err)
 	}
-	if err := unix.Setns(fdMntNS, unix.CLONE_NEWNS); err != nil {
-		fail("setns", err)
+	for _, ns := range []struct{ fd, typ int }{{fdUTSNS, unix.CLONE_NEWUTS}, {fdIPCNS, unix.CLONE_NEWIPC}, {fdMntNS, unix.CLONE_NEWNS}} {
+		if err := unix.Setns(ns.fd, ns.typ); err != nil {
+			fail("setns", err)
+		}
 	}
 	if err := unix.Chdir("/"); err != nil {
 		fail("chroot", err)
@@ -63,7 +67,7 @@ func launcher() {
 	if err := dropPrivileges(l); err != nil {
 		fail("privileges", err)
 	}
-	for _, fd := range []int{fdConfig, fdStatus, fdMntNS, fdShell} {
+	for _, fd := range []int{fdConfig, fdStatus, fdMntNS, fdShell, fdUTSNS, fdIPCNS} {
 		unix.CloseOnExec(fd)
 	}
 	var err error

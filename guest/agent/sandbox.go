@@ -71,10 +71,8 @@ func (a *agent) startSandbox(req proto.StartRequest) error {
 		<-exited
 		return fmt.Errorf("the sandbox's init did not start (see the console)")
 	}
-	if a.mntNS, err = os.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid)); err != nil {
-		return err
-	}
-	if a.pidNS, err = os.Open(fmt.Sprintf("/proc/%d/ns/pid", pid)); err != nil {
+	if a.ns, err = openNamespaces(pid); err != nil {
+		unix.Kill(pid, unix.SIGKILL)
 		return err
 	}
 	a.reaper, a.started, a.start = pid, true, req
@@ -240,4 +238,24 @@ func (r *reaps) loop() {
 		}
 		r.mu.Unlock()
 	}
+}
+
+// namespaces are the sandbox's, which every exec joins.
+type namespaces struct {
+	pid, mnt, uts, ipc *os.File
+}
+
+func openNamespaces(pid int) (namespaces, error) {
+	var ns namespaces
+	for _, x := range []struct {
+		f    **os.File
+		name string
+	}{{&ns.pid, "pid"}, {&ns.mnt, "mnt"}, {&ns.uts, "uts"}, {&ns.ipc, "ipc"}} {
+		f, err := os.Open(fmt.Sprintf("/proc/%d/ns/%s", pid, x.name))
+		if err != nil {
+			return ns, err
+		}
+		*x.f = f
+	}
+	return ns, nil
 }

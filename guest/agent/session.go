@@ -47,7 +47,11 @@ func (a *agent) serve() {
 		boot.PowerOff()
 	}
 	port := os.NewFile(uintptr(fd), dev) // blocking: plain read(2) and write(2)
-	h2 := &http2.Server{MaxReadFrameSize: 1 << 20}
+	// HTTP/2's default largest frame (16 KiB) matters: a hello from the host
+	// that finds the guest still in an earlier session (restored from a
+	// saved state) reads as a frame header of at least 640 KiB, and ends
+	// that session at once instead of waiting for its payload.
+	h2 := &http2.Server{}
 	mux := a.handler()
 	for {
 		waitHost(fd)

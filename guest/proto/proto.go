@@ -9,7 +9,10 @@
 // HTTP/2 (h2c), the host the client: requests multiplex, bodies stream
 // both ways with HTTP/2's own flow control. When the host goes away (the
 // agent restarts, the sandbox is paused), the guest waits for the next
-// session; a new one starts with a new handshake.
+// session; a new one starts with a new handshake. A guest restored from
+// a saved state is still in the session it was saved in: the host's
+// hello (a newline first, read as an HTTP/2 frame header, announces a
+// frame over HTTP/2's default limit) ends it at once.
 //
 // Endpoints (all under /v1, JSON unless said otherwise):
 //
@@ -31,6 +34,7 @@ package proto
 
 import (
 	"bufio"
+	"context"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
@@ -39,6 +43,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"os"
 	"strings"
 	"time"
 
@@ -188,7 +194,9 @@ func mac(secret, role, n string) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// readLine returns the next line starting with word, discarding others.
+// readLine returns the next line holding word, from word on, discarding
+// the lines without it (bytes of an earlier session may precede word on
+// its line).
 func readLine(r *bufio.Reader, word string) ([]string, error) {
 	noise := 0
 	for {
@@ -196,9 +204,8 @@ func readLine(r *bufio.Reader, word string) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
-		f := strings.Fields(line)
-		if len(f) > 0 && f[0] == word {
-			return f, nil
+		if i := strings.Index(line, word+" "); i >= 0 || strings.TrimSpace(line) == word {
+			return strings.Fields(line[max(i, 0):]), nil
 		}
 		if noise += len(line); noise > maxNoise {
 			return nil, fmt.Errorf("%w: no %s line", ErrHandshake, word)
@@ -207,26 +214,45 @@ func readLine(r *bufio.Reader, word string) ([]string, error) {
 }
 
 // HostHandshake runs the host's side on a fresh connection. r must be
-// the buffered reader the rest of the session reads from.
-func HostHandshake(r *bufio.Reader, w io.Writer, secret string) error {
+// the buffered reader the rest of the session reads from. The hello is
+// sent again every half second until the guest answers: a guest restored
+// from a saved state is still in its earlier session, which the first
+// hello ends. ctx bounds the whole handshake (its deadline and its end
+// set conn's deadlines).
+func HostHandshake(ctx context.Context, conn net.Conn, r *bufio.Reader, secret string) error {
+	defer conn.SetDeadline(time.Time{})
 	hn := nonce()
-	if _, err := fmt.Fprintf(w, "\n%s %s\n", helloWord, hn); err != nil {
-		return err
-	}
 	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if _, err := fmt.Fprintf(conn, "\n%s %s\n", helloWord, hn); err != nil {
+			return err
+		}
+		d := time.Now().Add(500 * time.Millisecond)
+		if cd, ok := ctx.Deadline(); ok && cd.Before(d) {
+			d = cd
+		}
+		conn.SetReadDeadline(d)
 		f, err := readLine(r, welcomeWord)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			continue
+		}
 		if err != nil {
 			return err
 		}
 		if len(f) != 4 || f[1] != hn {
 			continue // an answer to an earlier hello
 		}
+		conn.SetReadDeadline(time.Time{})
 		if !hmac.Equal([]byte(f[2]), []byte(mac(secret, "guest", hn))) {
 			return fmt.Errorf("%w: the guest does not know the sandbox's secret", ErrHandshake)
 		}
-		if _, err := fmt.Fprintf(w, "%s %s\n", proveWord, mac(secret, "host", f[3])); err != nil {
+		if _, err := fmt.Fprintf(conn, "%s %s\n", proveWord, mac(secret, "host", f[3])); err != nil {
 			return err
 		}
+		stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+		defer stop()
 		_, err = readLine(r, readyWord)
 		return err
 	}
@@ -243,7 +269,7 @@ func GuestHandshake(r *bufio.Reader, w io.Writer, secret string) error {
 		return fmt.Errorf("%w: malformed hello", ErrHandshake)
 	}
 	gn := nonce()
-	if _, err := fmt.Fprintf(w, "%s %s %s %s\n", welcomeWord, f[1], mac(secret, "guest", f[1]), gn); err != nil {
+	if _, err := fmt.Fprintf(w, "\n%s %s %s %s\n", welcomeWord, f[1], mac(secret, "guest", f[1]), gn); err != nil {
 		return err
 	}
 	f, err = readLine(r, proveWord)
@@ -253,7 +279,7 @@ func GuestHandshake(r *bufio.Reader, w io.Writer, secret string) error {
 	if len(f) != 2 || !hmac.Equal([]byte(f[1]), []byte(mac(secret, "host", gn))) {
 		return fmt.Errorf("%w: the host does not know the sandbox's secret", ErrHandshake)
 	}
-	_, err = fmt.Fprintf(w, "%s\n", readyWord)
+	_, err = fmt.Fprintf(w, "\n%s\n", readyWord)
 	return err
 }
 

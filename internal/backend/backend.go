@@ -5,6 +5,9 @@
 // Inspect, Capabilities. Exec, file transfer and later pause and snapshot are
 // optional interfaces found at run time; each implementation states them with
 // a compile-time guard such as `var _ backend.Execer = (*Container)(nil)`.
+// A backend may run sandboxes under several runtimes (Spec.Runtime, such as
+// the container backend's runc and gVisor); it then says per runtime what
+// their sandboxes offer and whether this host runs them (Runtimes).
 // Every backend passes the conformance suite in backendtest.
 //
 // Error kinds come from internal/errdefs: ErrNotFound for an unknown id,
@@ -52,6 +55,10 @@ type Spec struct {
 	// DNS are the nameservers the sandbox's /etc/resolv.conf names (the
 	// node's DNS proxy); empty leaves the environment's file alone.
 	DNS []string `json:",omitempty"`
+	// Runtime chooses how a backend with several runtimes (Runtimes)
+	// runs the sandbox; "" is its default. Persisted with the spec, so
+	// Recover re-adopts the sandbox under the runtime that created it.
+	Runtime string `json:",omitempty"`
 }
 
 // State of a sandbox as the backend sees it.
@@ -92,6 +99,24 @@ type DiskQuota struct {
 	Mechanism string // "btrfs", "xfs", "ext4", or "none" (api.DiskQuota*)
 	Inodes    bool   // DiskInodes is enforced too
 	Reason    string // why "none"
+}
+
+// Runtimes is a backend that runs each sandbox under one of several
+// runtimes (Spec.Runtime), such as the container backend's runc and
+// gVisor. Its sandboxes differ by runtime in what they offer and in
+// whether this host can run them at all.
+type Runtimes interface {
+	// Runtimes names the runtimes Spec.Runtime may choose, the default
+	// first.
+	Runtimes() []string
+	// RuntimeCapabilities are the Capabilities of the runtime's
+	// sandboxes: at most those of Capabilities(). An optional interface
+	// the backend implements may still refuse them a call it cannot
+	// honour, with ErrUnavailable. ErrInvalid for an unknown runtime.
+	RuntimeCapabilities(runtime string) (Capabilities, error)
+	// RuntimeAvailable is Available for the runtime's sandboxes: nil,
+	// or ErrUnavailable saying why this host cannot run them.
+	RuntimeAvailable(ctx context.Context, runtime string) error
 }
 
 // DiskLimiter is a backend that can limit a sandbox's writable layer.
@@ -273,6 +298,12 @@ type Snapshot struct {
 	Residue []string
 	// Remove deletes the copy; the caller must call it.
 	Remove func() error
+}
+
+// Accelerated is a backend whose sandboxes are machines (QEMU): Accel
+// says which accelerator they run under ("kvm" or "tcg") and why.
+type Accelerated interface {
+	Accel() (accel, why string)
 }
 
 // PortDialer reaches TCP ports inside a sandbox from the node, whatever

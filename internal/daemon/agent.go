@@ -78,8 +78,10 @@ type AgentConfig struct {
 	// stops: paused sandboxes' memory is in it.
 	Swap int64
 	// Backend is "container", the default and the only backend a
-	// production build has.
+	// production build has besides the machines (Machines).
 	Backend string
+	// Machines configures the microvm backend (not on a simulated node).
+	Machines MachineConfig
 	// Simulated, if set, makes the node's backend instead of the
 	// container backend (its argument is a directory for its state): a
 	// program that simulates nodes (tests, bench/controlplane) passes
@@ -175,6 +177,10 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	if err != nil {
 		return err
 	}
+	backends := []backend.Backend{b}
+	if cfg.Simulated == nil {
+		backends = append(backends, machineBackends(nodeDir, nodeID, cfg.Machines, log)...)
+	}
 	// No Images: the apiserver resolves images and sends them with each
 	// create, so the node needs only the blob store.
 	var network node.Network
@@ -190,7 +196,7 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	agent, err := node.New(ctx, node.Config{
 		ID:             nodeID,
 		StateDir:       filepath.Join(nodeDir, "sandboxes"),
-		Backends:       []backend.Backend{b},
+		Backends:       backends,
 		Layers:         cache,
 		Packer:         cache,
 		Limits:         cfg.Limits,

@@ -55,6 +55,8 @@ type UpConfig struct {
 	StopSandboxes bool
 	// Network is the sandboxes' network.
 	Network NetworkConfig
+	// Machines configures the microvm backend.
+	Machines MachineConfig
 }
 
 // DefaultDataDir and DefaultListen are where `warren up` keeps its state
@@ -119,7 +121,7 @@ func Up(ctx context.Context, cfg UpConfig) error {
 	agent, err := node.New(ctx, node.Config{
 		ID:             nodeID,
 		StateDir:       filepath.Join(nodeDir, "sandboxes"),
-		Backends:       []backend.Backend{ctr},
+		Backends:       append([]backend.Backend{ctr}, machineBackends(nodeDir, nodeID, cfg.Machines, log)...),
 		Images:         imgs.images,
 		Layers:         cache,
 		Packer:         cache,

@@ -13,6 +13,7 @@ import (
 	"encoding/base32"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"os"
@@ -314,6 +315,13 @@ func (a *Agent) Close() error {
 	}
 	a.close()
 	a.wg.Wait()
+	// Backends that hold sessions with their sandboxes (microvm's guest
+	// agents) let go of them, as this process's exit would.
+	for _, b := range a.cfg.Backends {
+		if c, ok := b.(io.Closer); ok {
+			c.Close()
+		}
+	}
 	return nil
 }
 
@@ -349,10 +357,15 @@ func (a *Agent) Status() api.Node {
 		Snapshots: a.snapshots,
 	}
 	n.PauseReclaim = reclaim
-	for name := range a.backends {
+	for name, b := range a.backends {
 		n.Backends = append(n.Backends, name)
+		if ab, ok := b.(backend.Accelerated); ok {
+			accel, why := ab.Accel()
+			n.Machines = append(n.Machines, api.NodeMachine{Backend: name, Accel: accel, Reason: why})
+		}
 	}
 	sort.Strings(n.Backends)
+	sort.Slice(n.Machines, func(i, j int) bool { return n.Machines[i].Backend < n.Machines[j].Backend })
 	return n
 }
 

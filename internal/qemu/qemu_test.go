@@ -20,7 +20,7 @@ func TestArgs(t *testing.T) {
 		{name: "defaults", m: func(m Machine) Machine { return m },
 			want: []string{"qemu-system-x86_64|-machine|pc|-accel|tcg|-cpu|max|-smp|1|-m|512M",
 				"-nodefaults", "-chardev|stdio,id=console,signal=off|-serial|chardev:console", "-kernel|/k/vmlinuz", "-no-reboot"},
-			not: []string{"-initrd", "-append", "-qmp", "-drive"}},
+			not: []string{"-initrd", "-append", "-qmp", "-drive", "-vnc", "VGA"}},
 		{name: "kvm uses the host cpu", m: func(m Machine) Machine { m.Accel = KVM; return m },
 			want: []string{"-accel|kvm|-cpu|host"}},
 		{name: "everything", m: func(m Machine) Machine {
@@ -42,7 +42,42 @@ func TestArgs(t *testing.T) {
 			m.Disks = []Disk{{Path: "/d"}}
 			return m
 		}, want: []string{"-machine|microvm,isa-serial=on,rtc=on", "-device|virtio-blk-device,drive=disk0"}},
+		{name: "full vm boots its disk with a display", m: func(m Machine) Machine {
+			m.Type, m.Kernel = "q35", ""
+			m.Disks = []Disk{{Path: "/img/debian.qcow2", Format: "qcow2", Boot: true, Snapshot: true}, {Path: "/img/data"}}
+			m.Display = &Display{VNC: "/run/v,1.sock", Pointer: USBTablet}
+			m.QMP = "/run/q.sock"
+			return m
+		}, want: []string{"-machine|q35",
+			"-drive|if=none,id=disk0,format=qcow2,file=/img/debian.qcow2,snapshot=on|-device|virtio-blk-pci,drive=disk0,bootindex=0",
+			"-drive|if=none,id=disk1,format=raw,file=/img/data|-device|virtio-blk-pci,drive=disk1",
+			"-device|VGA|-vnc|unix:/run/v,,1.sock|-device|qemu-xhci,id=xhci|-device|usb-tablet,bus=xhci.0",
+			"-qmp|unix:/run/q.sock,server=on,wait=off"},
+			not: []string{"-kernel", "-append", "-initrd", "virtio-tablet-pci"}},
+		{name: "display without vnc, virtio tablet", m: func(m Machine) Machine {
+			m.Display = &Display{Device: "virtio-vga", Pointer: VirtioTablet}
+			return m
+		}, want: []string{"-display|none", "-kernel|/k/vmlinuz", "-device|virtio-vga|-device|virtio-tablet-pci"},
+			not: []string{"-vnc", "usb-tablet,bus=xhci.0", "VGA"}},
 		{name: "no kernel", m: func(m Machine) Machine { m.Kernel = ""; return m }, err: "no kernel"},
+		{name: "kernel and boot disk", m: func(m Machine) Machine { m.Disks = []Disk{{Path: "/d", Boot: true}}; return m },
+			err: "both a kernel and a boot disk"},
+		{name: "two boot disks", m: func(m Machine) Machine {
+			m.Kernel, m.Disks = "", []Disk{{Path: "/a", Boot: true}, {Path: "/b", Boot: true}}
+			return m
+		}, err: "both marked Boot"},
+		{name: "initrd without kernel", m: func(m Machine) Machine {
+			m.Kernel, m.Initrd, m.Disks = "", "/k/initrd", []Disk{{Path: "/a", Boot: true}}
+			return m
+		}, err: "but no kernel"},
+		{name: "cmdline without kernel", m: func(m Machine) Machine {
+			m.Kernel, m.Cmdline, m.Disks = "", []string{"quiet"}, []Disk{{Path: "/a", Boot: true}}
+			return m
+		}, err: "but no kernel"},
+		{name: "bad disk format", m: func(m Machine) Machine { m.Disks = []Disk{{Path: "/d", Format: "vmdk"}}; return m }, err: "format"},
+		{name: "bad display device", m: func(m Machine) Machine { m.Display = &Display{Device: "cirrus-vga"}; return m }, err: "display device"},
+		{name: "bad pointer", m: func(m Machine) Machine { m.Display = &Display{Pointer: "ps2-mouse"}; return m }, err: "pointer"},
+		{name: "display on microvm", m: func(m Machine) Machine { m.Type, m.Display = "microvm", &Display{}; return m }, err: "microvm"},
 		{name: "no accel", m: func(m Machine) Machine { m.Accel = ""; return m }, err: "accelerator"},
 		{name: "bad type", m: func(m Machine) Machine { m.Type = "isapc"; return m }, err: "machine type"},
 		{name: "spaced word", m: func(m Machine) Machine { m.Cmdline = []string{"a b"}; return m }, err: "command line"},

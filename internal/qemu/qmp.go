@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"image"
 	"net"
 	"sync"
 	"time"
@@ -19,6 +20,9 @@ type QMP struct {
 	r      *bufio.Reader
 	mu     sync.Mutex
 	events []QMPEvent
+
+	screenMu sync.Mutex
+	screen   image.Point // the display's size at the last Screendump
 }
 
 // QMPEvent is an asynchronous message such as SHUTDOWN or STOP.

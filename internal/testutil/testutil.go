@@ -141,6 +141,12 @@ func Helpers(t testing.TB) string {
 	if helpers.err != nil {
 		t.Fatalf("build warren's helpers: %v", helpers.err)
 	}
+	// warren-guest from these sources, first in PATH (the cached
+	// directory's may be of other sources).
+	guest := filepath.Dir(GuestAgent(t))
+	if !strings.HasPrefix(os.Getenv("PATH"), guest+string(os.PathListSeparator)) {
+		os.Setenv("PATH", guest+string(os.PathListSeparator)+os.Getenv("PATH"))
+	}
 	return helpers.dir
 }
 

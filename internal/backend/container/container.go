@@ -3,6 +3,12 @@
 // upper directory over the sandbox's read-only EROFS layers, shared by
 // every sandbox on the node (image.Mounts).
 //
+// A sandbox may choose gVisor's runsc instead (Spec.Runtime "gvisor",
+// gvisor.go): the same bundle, root and cgroups, with a kernel in user
+// space between the sandbox and the host's, for users who want one
+// without KVM. One node serves both; RuntimeCapabilities says how their
+// sandboxes differ and GVisorAvailable whether this host runs gVisor.
+//
 // There is no platform daemon inside a sandbox. Its pid 1 is catatonit in
 // pause mode (it reaps zombies and does nothing else), bound read-only on
 // /dev/init (in the sandbox's /dev tmpfs) from the node's platform layer
@@ -15,7 +21,8 @@
 // Sandboxes outlive the agent: `runc create` detaches the container's init
 // from the agent, and all state needed to re-adopt a sandbox is on disk
 // (the sandbox directory under Config.StateDir, runc's state under
-// Config.RuncRoot, the mounts). Recover rebuilds the in-memory view.
+// Config.RuncRoot or runsc's under Config.RunscRoot, the mounts). Recover
+// rebuilds the in-memory view.
 //
 // Every exec runs in its own child cgroup of the sandbox's cgroup (the
 // freezer hierarchy on cgroup v1, a plain child on v2), so a timeout kills
@@ -48,8 +55,8 @@ import (
 )
 
 // Config configures a Container backend. Everything it creates on the host
-// is namespaced by StateDir, RuncRoot and CgroupParent, so several agents
-// can share a host if they differ in all three.
+// is namespaced by StateDir, RuncRoot, RunscRoot and CgroupParent, so
+// several agents can share a host if they differ in all of them.
 type Config struct {
 	// StateDir holds the backend's on-disk state: one directory per
 	// sandbox under sandboxes/ (overlay upper and work dirs, the merged
@@ -69,6 +76,11 @@ type Config struct {
 	Mounts *image.Mounts
 	// RuncPath is the runc binary. Default "runc" from PATH.
 	RuncPath string
+	// RunscPath is gVisor's runsc, for sandboxes whose Runtime is
+	// "gvisor". Default "runsc" from PATH.
+	RunscPath string
+	// RunscRoot is runsc's --root directory. Default <StateDir>/runsc.
+	RunscRoot string
 	// InitPath is the static catatonit binary run as every sandbox's pid
 	// 1. Default "catatonit" from PATH.
 	InitPath string
@@ -98,7 +110,8 @@ type Container struct {
 	sandboxDir  string // <StateDir>/sandboxes
 	noSwapCtl   bool   // cgroup v1 without swap accounting: cannot set memsw
 	rlimits     []specs.POSIXRlimit
-	runcEnv     []string
+	runc        *ociRuntime
+	gvisor      *ociRuntime
 	quota       *diskquota.Quota // limits each sandbox directory (disk.go)
 	shell       trustedShell     // for ExecRequest.Shell
 	initErr     error            // why the init binary is missing, if it is
@@ -108,6 +121,10 @@ type Container struct {
 	ids         idAllocator      // user-namespace id ranges (userns.go)
 	usernsMu    sync.Mutex
 	usernsErr   error // why sandboxes get no user namespace here, if they do not
+
+	gvisorMu      sync.Mutex
+	gvisorChecked bool  // GVisorAvailable has an answer
+	gvisorErr     error // why this host cannot run gVisor sandboxes, if it cannot
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
@@ -130,8 +147,13 @@ func New(cfg Config) (*Container, error) {
 	if cfg.RuncRoot == "" {
 		cfg.RuncRoot = filepath.Join(cfg.StateDir, "runc")
 	}
-	if !filepath.IsAbs(cfg.RuncRoot) {
-		return nil, errdefs.Invalid("container backend: RuncRoot %q must be an absolute path", cfg.RuncRoot)
+	if cfg.RunscRoot == "" {
+		cfg.RunscRoot = filepath.Join(cfg.StateDir, "runsc")
+	}
+	for _, root := range []string{cfg.RuncRoot, cfg.RunscRoot} {
+		if !filepath.IsAbs(root) {
+			return nil, errdefs.Invalid("container backend: runtime root %q must be an absolute path", root)
+		}
 	}
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = "/warren"
@@ -146,16 +168,19 @@ func New(cfg Config) (*Container, error) {
 	if cfg.RuncPath == "" {
 		cfg.RuncPath = "runc"
 	}
+	if cfg.RunscPath == "" {
+		cfg.RunscPath = "runsc"
+	}
 	if cfg.InitPath == "" {
 		cfg.InitPath = "catatonit"
 	}
 	// Resolve once so that every create does not search PATH; a missing
-	// binary is Available's business, not an error here.
-	if p, err := exec.LookPath(cfg.RuncPath); err == nil {
-		cfg.RuncPath = p
-	}
-	if p, err := exec.LookPath(cfg.InitPath); err == nil {
-		cfg.InitPath = p
+	// binary is Available's (or GVisorAvailable's) business, not an error
+	// here.
+	for _, bin := range []*string{&cfg.RuncPath, &cfg.RunscPath, &cfg.InitPath} {
+		if p, err := exec.LookPath(*bin); err == nil {
+			*bin = p
+		}
 	}
 	if cfg.EnterPath == "" {
 		cfg.EnterPath = hostbin.Find("warren-enter")
@@ -174,7 +199,7 @@ func New(cfg Config) (*Container, error) {
 		sandboxDir: filepath.Join(cfg.StateDir, "sandboxes"),
 		sandboxes:  make(map[string]*sandbox),
 	}
-	for _, d := range []string{c.sandboxDir, cfg.RuncRoot} {
+	for _, d := range []string{c.sandboxDir, cfg.RuncRoot, cfg.RunscRoot} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("container backend: %w", err)
 		}
@@ -188,7 +213,9 @@ func New(cfg Config) (*Container, error) {
 	}
 	c.noSwapCtl = cgroupV1WithoutSwap()
 	c.rlimits = sandboxRlimits()
-	c.runcEnv = runcEnv()
+	env := runtimeEnv()
+	c.runc = &ociRuntime{name: RuntimeRunc, path: cfg.RuncPath, root: cfg.RuncRoot, env: env}
+	c.gvisor = &ociRuntime{name: RuntimeGVisor, path: cfg.RunscPath, root: cfg.RunscRoot, flags: runscFlags, env: env}
 	c.quota = diskquota.Detect(c.sandboxDir)
 	_, _ = c.quota.ClearStale() // an earlier agent's leftovers; each removal sweeps again
 	c.shell = loadTrustedShell(cfg.ShellPath)
@@ -214,7 +241,8 @@ func New(cfg Config) (*Container, error) {
 // Name returns "container".
 func (c *Container) Name() string { return "container" }
 
-// Capabilities of the container backend.
+// Capabilities of the container backend: of its runc sandboxes, the
+// default (gVisor's offer less: RuntimeCapabilities).
 func (c *Container) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
 		Exec:     true,
@@ -275,6 +303,7 @@ type sandbox struct {
 
 	ready  bool // created or recovered; guarded by Container.mu
 	spec   backend.Spec
+	rt     *ociRuntime       // the spec's
 	layers []string          // digests this process holds a reference on
 	init   initProc          // the container's pid 1
 	cg     execCgroup        // where exec sub-cgroups go

@@ -174,7 +174,7 @@ func (h *harness) assertGone(id string) {
 }
 
 // leftovers lists what c still holds of sandbox id on the host: mounts,
-// cgroups in any hierarchy, runc state, its directory.
+// cgroups in any hierarchy, runtime state, its directory.
 func leftovers(t testing.TB, c *Container, id string) []string {
 	var left []string
 	for _, m := range mountsUnder(t, c.dir(id)) {
@@ -185,8 +185,10 @@ func leftovers(t testing.TB, c *Container, id string) []string {
 			left = append(left, "cgroup "+d)
 		}
 	}
-	if d := filepath.Join(c.cfg.RuncRoot, id); exists(d) {
-		left = append(left, "runc state "+d)
+	for _, rt := range []*ociRuntime{c.runc, c.gvisor} {
+		if rt.hasState(id) {
+			left = append(left, rt.name+" state of "+id)
+		}
 	}
 	if d := c.dir(id); exists(d) {
 		left = append(left, "sandbox directory "+d)

@@ -24,7 +24,8 @@ import (
 )
 
 // Exec runs req in the sandbox through warren-enter (enter.go), in a
-// fresh child cgroup of the sandbox's cgroup.
+// fresh child cgroup of the sandbox's cgroup; in a gVisor sandbox through
+// `runsc exec` (gvisor.go says how that differs).
 //
 // The exec is over when its main process has exited. Processes it left in
 // the background live on in the sandbox (moved to its own cgroup), so an
@@ -60,7 +61,7 @@ func (c *Container) Exec(ctx context.Context, id string, req backend.ExecRequest
 	if err != nil {
 		return backend.ExecResult{}, err
 	}
-	if !s.init.alive() || c.created(id) {
+	if !s.init.alive() || c.created(s) {
 		return backend.ExecResult{}, errdefs.New(errdefs.ErrConflict, "sandbox_not_running", "exec in %s: sandbox is not running", id)
 	}
 	if req.Shell != "" && c.shell.file == nil {
@@ -73,6 +74,9 @@ func (c *Container) Exec(ctx context.Context, id string, req backend.ExecRequest
 			// of error the lookup reported.
 			return backend.ExecResult{}, errdefs.Invalid("exec in %s: user %q: %v", id, req.User, err)
 		}
+	}
+	if s.rt.gvisor() {
+		return c.gvisorExec(ctx, s, argv, uid, gid, req) // gvisor.go
 	}
 	filters, err := c.initFilters(s)
 	if err != nil {
@@ -224,12 +228,16 @@ type entered struct {
 	readers []*os.File      // our ends of those
 }
 
+func newEntered() *entered {
+	return &entered{exited: make(chan struct{}), outputs: make(chan struct{}), pipes: make(map[string]bool)}
+}
+
 // startEnter starts warren-enter for e in the sandbox's exec cgroup sub,
 // with the request's stdio.
 func (c *Container) startEnter(s *sandbox, sub string, e *enterRequest, req backend.ExecRequest) (x *entered, err error) {
 	var files []*os.File // ours to close once warren-enter has them
 	defer func() { closeAll(files) }()
-	x = &entered{exited: make(chan struct{}), outputs: make(chan struct{}), pipes: make(map[string]bool)}
+	x = newEntered()
 	defer func() {
 		if err != nil {
 			x.close()
@@ -274,17 +282,42 @@ func (c *Container) startEnter(s *sandbox, sub string, e *enterRequest, req back
 	cmd := exec.Command(c.cfg.EnterPath)
 	cmd.Env = []string{}
 	cmd.ExtraFiles = extra
+	stdio, err := x.pipeStdio(cmd, req)
+	files = append(files, stdio...)
+	if err != nil {
+		return nil, err
+	}
+	x.start = time.Now()
+	// From a thread that never ends: warren-enter dies with the thread
+	// that forked it (PDEATHSIG).
+	if err := osthread.Start(cmd); err != nil {
+		return nil, err
+	}
+	x.cmd = cmd
+	go func() {
+		x.waitErr = cmd.Wait()
+		close(x.exited)
+	}()
+	x.copyStdin(req)
+	return x, nil
+}
+
+// pipeStdio gives cmd the request's stdio: /dev/null or a pipe fed by
+// copyStdin, and pipes whose ends x reads into the request's writers,
+// with x.outputs closed once both are closed by every holder. It returns
+// cmd's ends, which the caller closes once cmd has started.
+func (x *entered) pipeStdio(cmd *exec.Cmd, req backend.ExecRequest) (files []*os.File, err error) {
 	if req.Stdin == nil {
 		devnull, err := os.Open(os.DevNull)
 		if err != nil {
-			return nil, err
+			return files, err
 		}
 		files = append(files, devnull)
 		cmd.Stdin = devnull
 	} else {
 		r, w, err := os.Pipe()
 		if err != nil {
-			return nil, err
+			return files, err
 		}
 		files = append(files, r)
 		cmd.Stdin, x.stdin = r, w
@@ -296,7 +329,7 @@ func (c *Container) startEnter(s *sandbox, sub string, e *enterRequest, req back
 	}{{req.Stdout, &cmd.Stdout}, {req.Stderr, &cmd.Stderr}} {
 		r, w, err := os.Pipe()
 		if err != nil {
-			return nil, err
+			return files, err
 		}
 		files = append(files, w)
 		x.readers = append(x.readers, r)
@@ -316,24 +349,17 @@ func (c *Container) startEnter(s *sandbox, sub string, e *enterRequest, req back
 		}()
 	}
 	go func() { copying.Wait(); close(x.outputs) }()
-	x.start = time.Now()
-	// From a thread that never ends: warren-enter dies with the thread
-	// that forked it (PDEATHSIG).
-	if err := osthread.Start(cmd); err != nil {
-		return nil, err
-	}
-	x.cmd = cmd
-	go func() {
-		x.waitErr = cmd.Wait()
-		close(x.exited)
-	}()
+	return files, nil
+}
+
+// copyStdin feeds the request's stdin to the command, once it started.
+func (x *entered) copyStdin(req backend.ExecRequest) {
 	if x.stdin != nil {
 		go func() {
 			io.Copy(x.stdin, req.Stdin)
 			x.stdin.Close()
 		}()
 	}
-	return x, nil
 }
 
 // outputDone waits up to grace for the command's stdout and stderr to be

@@ -24,7 +24,8 @@ import (
 //   - /proc/sys/kernel/random/boot_id: the host's is the same in every
 //     sandbox, so the sandbox's own (a platform file, written at create)
 //     is bound read-only over it, in the sandbox's mount namespace once
-//     runc has made it (runc allows no mount there);
+//     runc has made it (runc allows no mount there); gVisor's /proc has
+//     no boot_id;
 //   - the hostname is the sandbox's id (the spec).
 //
 // Random state needs nothing: a sandbox's processes start afresh from its
@@ -55,6 +56,9 @@ func (c *Container) giveIdentity(s *sandbox, pid int) error {
 		if err != nil && !errors.Is(err, errdefs.ErrInvalid) { // /etc/machine-id a directory, say: the image's business
 			return fmt.Errorf("machine id: %w", err)
 		}
+	}
+	if s.rt.gvisor() {
+		return nil
 	}
 	// From the sandbox's own platform files, through its root: the
 	// mount table inside names /.warren/boot_id, no host path.

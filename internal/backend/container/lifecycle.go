@@ -20,20 +20,30 @@ import (
 )
 
 // Create mounts the sandbox's root (an overlay of its layers with a fresh
-// upper dir), writes its OCI bundle and runs `runc create`: namespaces,
-// cgroups and limits are set up, and the init waits for Start. On error
-// everything is undone. ErrInvalid for a bad spec, ErrConflict if the id is
-// taken (also by a sandbox of an earlier process that was not recovered
-// or destroyed).
+// upper dir), writes its OCI bundle and runs the runtime's create
+// (spec.Runtime's: runc or runsc): namespaces, cgroups and limits are set
+// up, and the init waits for Start. On error everything is undone.
+// ErrInvalid for a bad spec, ErrConflict if the id is taken (also by a
+// sandbox of an earlier process that was not recovered or destroyed),
+// ErrUnavailable for a runtime this host cannot run (GVisorAvailable).
 func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 	if err := validateSpec(spec); err != nil {
+		return err
+	}
+	rt, err := c.runtime(spec)
+	if err != nil {
 		return err
 	}
 	if c.initErr != nil {
 		return errdefs.Unavailable("create sandbox %s: %v", spec.ID, c.initErr)
 	}
+	if rt.gvisor() {
+		if err := c.GVisorAvailable(ctx); err != nil {
+			return fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+		}
+	}
 	id := spec.ID
-	s := &sandbox{spec: spec}
+	s := &sandbox{spec: spec, rt: rt}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c.mu.Lock()
@@ -89,7 +99,7 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 		s.layers = append(s.layers, l.Digest)
 		lower[len(lower)-1-i] = mp // overlayfs wants the top layer first
 	}
-	if c.UserNS() == nil {
+	if c.UserNS() == nil && !rt.gvisor() { // the sentry has a user namespace of its own
 		undo = append(undo, func() error { return c.unmountIdmaps(id) })
 		if lower, upper, work, err = c.setupUserNS(s, lower, rw); err != nil {
 			return fmt.Errorf("create sandbox %s: %w", id, err)
@@ -124,7 +134,7 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 	}
 	undo = append(undo, func() error { return unmountAll(root) })
 
-	oci, err := c.ociSpec(spec, root, s.ids)
+	oci, err := c.ociSpec(rt, spec, root, s.ids)
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
@@ -137,13 +147,13 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 
-	// Undo covers a half-done runc create too: runc may leave state or
+	// Undo covers a half-done create too: the runtime may leave state or
 	// cgroups behind when it fails late.
-	undo = append(undo, func() error { return c.deleteRuntime(context.WithoutCancel(ctx), id, nil) })
-	if err := c.runcCreate(ctx, id, dir); err != nil {
+	undo = append(undo, func() error { return c.deleteRuntime(context.WithoutCancel(ctx), id, s) })
+	if err := rt.create(ctx, id, dir); err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
-	st, err := c.readRuncState(id)
+	st, err := c.readState(rt, id)
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
@@ -251,10 +261,14 @@ func (c *Container) Start(ctx context.Context, id string) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !c.created(id) || !s.init.alive() {
+	if !c.created(s) || !s.init.alive() {
 		return errdefs.New(errdefs.ErrConflict, "sandbox_not_created", "sandbox %s is not in the created state", id)
 	}
-	if err := c.startInit(ctx, s); err != nil {
+	start := c.startInit
+	if s.rt.gvisor() {
+		start = func(ctx context.Context, s *sandbox) error { return s.rt.run(ctx, "start", s.spec.ID) }
+	}
+	if err := start(ctx, s); err != nil {
 		return fmt.Errorf("start sandbox %s: %w", id, err)
 	}
 	// The marker's mtime is the start time, for Inspect after a restart.
@@ -271,7 +285,7 @@ func (c *Container) Start(ctx context.Context, id string) error {
 // process; opening the fifo for reading and reading to EOF releases it.
 // The fifo is removed after, which is what marks the container started.
 func (c *Container) startInit(ctx context.Context, s *sandbox) error {
-	path := filepath.Join(c.cfg.RuncRoot, s.spec.ID, "exec.fifo")
+	path := c.runcFifo(s.spec.ID)
 	// Non-blocking: a blocking open would hang forever if the init died.
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
@@ -441,11 +455,13 @@ func (c *Container) removeDir(id string) error {
 	return os.RemoveAll(c.dir(id))
 }
 
-// deleteRuntime kills the container if it runs and removes its runc state
-// and cgroups (exec sub-cgroups first: cgroup v1 cannot remove a cgroup
-// with children). s may be nil for a sandbox this process does not know.
+// deleteRuntime kills the container if it runs and removes its runtime
+// state and cgroups (exec sub-cgroups first: cgroup v1 cannot remove a
+// cgroup with children). s may be nil for a sandbox this process does not
+// know.
 func (c *Container) deleteRuntime(ctx context.Context, id string, s *sandbox) error {
-	st, err := c.readRuncState(id)
+	rt := c.runtimeOf(id, s)
+	st, err := c.readState(rt, id)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return nil // never created, or already deleted
 	}
@@ -481,7 +497,7 @@ func (c *Container) deleteRuntime(ctx context.Context, id string, s *sandbox) er
 	if err := init.wait(wctx); err != nil {
 		return errors.Join(append(errs, fmt.Errorf("wait for init of %s to die: %w", id, err))...)
 	}
-	if err := c.runc(ctx, "delete", "--force", id); err != nil && exists(filepath.Join(c.cfg.RuncRoot, id)) {
+	if err := rt.run(ctx, "delete", "--force", id); err != nil && rt.hasState(id) {
 		errs = append(errs, err)
 	}
 	// runc gives up on a cgroup that stays busy for a while; whatever it
@@ -492,7 +508,7 @@ func (c *Container) deleteRuntime(ctx context.Context, id string, s *sandbox) er
 	return errors.Join(errs...)
 }
 
-// Inspect reports the sandbox's status from runc's state and /proc.
+// Inspect reports the sandbox's status from its runtime's state and /proc.
 func (c *Container) Inspect(ctx context.Context, id string) (backend.Status, error) {
 	s, err := c.get(id)
 	if err != nil {
@@ -501,9 +517,10 @@ func (c *Container) Inspect(ctx context.Context, id string) (backend.Status, err
 	return c.status(s), nil
 }
 
-// status derives a sandbox's state as runc does: the init is alive (same
-// pid and start time) and the exec fifo exists (created) or not
-// (running); otherwise it has stopped.
+// status derives a sandbox's state as its runtime does: the init is alive
+// (same pid and start time) and the runtime says it is created (runc's
+// exec fifo exists, runsc's state says so) or not (running); otherwise it
+// has stopped.
 func (c *Container) status(s *sandbox) backend.Status {
 	id := s.spec.ID
 	st := backend.Status{Pid: s.init.pid}
@@ -519,7 +536,7 @@ func (c *Container) status(s *sandbox) backend.Status {
 		if sig := unix.Signal(s.stopSignal.Load()); sig != 0 {
 			st.ExitCode, st.Reason = 128+int(sig), "stopped by "+unix.SignalName(sig)
 		}
-	case c.created(id):
+	case c.created(s):
 		st.State = backend.StateCreated
 	case s.paused():
 		st.State = backend.StatePaused
@@ -531,11 +548,15 @@ func (c *Container) status(s *sandbox) backend.Status {
 
 // Recover re-adopts a sandbox this backend created in an earlier process:
 // it takes references on its layers again (adopting their mounts) and
-// reads runc's state. A sandbox whose init died meanwhile is reported
-// stopped; one without a directory is ErrNotFound. Recovering a known
-// sandbox just reports its status.
+// reads the state of its runtime (spec.Runtime's). A sandbox whose init
+// died meanwhile is reported stopped; one without a directory is
+// ErrNotFound. Recovering a known sandbox just reports its status.
 func (c *Container) Recover(ctx context.Context, spec backend.Spec) (backend.Status, error) {
 	if err := validID(spec.ID); err != nil {
+		return backend.Status{}, err
+	}
+	rt, err := c.runtime(spec)
+	if err != nil {
 		return backend.Status{}, err
 	}
 	id := spec.ID
@@ -545,7 +566,7 @@ func (c *Container) Recover(ctx context.Context, spec backend.Spec) (backend.Sta
 	if !exists(c.dir(id)) {
 		return backend.Status{}, errdefs.New(errdefs.ErrNotFound, "sandbox_not_found", "sandbox %s has no state on this node", id)
 	}
-	s := &sandbox{spec: spec}
+	s := &sandbox{spec: spec, rt: rt}
 	s.mu.Lock()
 	c.mu.Lock()
 	if c.sandboxes[id] != nil {
@@ -575,7 +596,7 @@ func (c *Container) Recover(ctx context.Context, spec backend.Spec) (backend.Sta
 	if ok, _ := isMountpoint(c.rootDir(id)); !ok {
 		reasons = append(reasons, "root filesystem is not mounted on the host")
 	}
-	if st, err := c.readRuncState(id); err == nil {
+	if st, err := c.readState(rt, id); err == nil {
 		s.init = initProc{pid: st.InitPid, start: st.InitStart}
 		if cg, err := execCgroupOf(st.CgroupPaths); err == nil {
 			s.cg, s.cgPath = cg, st.CgroupPaths

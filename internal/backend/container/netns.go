@@ -14,11 +14,15 @@ var _ backend.NetNSer = (*Container)(nil)
 
 // NetNS opens the network namespace of sandbox id's init. The check after
 // the open makes sure the descriptor is the container's: a pid recycled
-// between the lookup and the open fails it.
+// between the lookup and the open fails it. ErrUnavailable for a gVisor
+// sandbox, whose network is the sentry's own, not that namespace's.
 func (c *Container) NetNS(ctx context.Context, id string) (*os.File, error) {
 	s, err := c.get(id)
 	if err != nil {
 		return nil, err
+	}
+	if s.rt.gvisor() {
+		return nil, errdefs.Unavailable("sandbox %s runs under gvisor, whose network stack is its own: the node cannot reach into it", id)
 	}
 	p := s.init // fixed once created, as exec reads it
 	if !p.alive() {

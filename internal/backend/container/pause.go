@@ -29,7 +29,7 @@ func (c *Container) Pause(ctx context.Context, id string) (backend.PauseStats, e
 	if err != nil {
 		return backend.PauseStats{}, err
 	}
-	if !s.init.alive() || c.created(id) {
+	if !s.init.alive() || c.created(s) {
 		return backend.PauseStats{}, errdefs.New(errdefs.ErrConflict, "sandbox_not_running", "pause %s: sandbox is not running", id)
 	}
 	s.freezeMu.Lock() // not while a snapshot freezes it: that would thaw it

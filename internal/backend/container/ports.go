@@ -16,7 +16,8 @@ var _ backend.PortDialer = (*Container)(nil)
 // DialPort connects to 127.0.0.1:port inside the sandbox's network
 // namespace (NetNS, netns.go), which every container has (loopback only,
 // unless the node attached a veth): no policy stands in the way, and
-// nothing of the host's loopback is reachable this way.
+// nothing of the host's loopback is reachable this way. Not into a gVisor
+// sandbox (NetNS).
 func (c *Container) DialPort(ctx context.Context, id string, port int) (net.Conn, error) {
 	if port < 1 || port > 65535 {
 		return nil, errdefs.Invalid("port %d: want 1 to 65535", port)

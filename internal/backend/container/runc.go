@@ -1,98 +1,21 @@
 package container
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/internal/errdefs"
 )
-
-// runc runs one runc subcommand whose stdio is not the container's, and
-// returns its error message on failure.
-func (c *Container) runc(ctx context.Context, args ...string) error {
-	cmd := exec.CommandContext(ctx, c.cfg.RuncPath, append([]string{"--root", c.cfg.RuncRoot}, args...)...)
-	cmd.Env = c.runcEnv
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Run(); err != nil {
-		msg := strings.TrimSpace(stderr.String())
-		if msg == "" {
-			msg = err.Error()
-		}
-		return fmt.Errorf("runc %s: %s", args[0], msg)
-	}
-	return nil
-}
-
-// runcCreate runs `runc create`. The container's init inherits runc's
-// stdio, so runc gets /dev/null and reports errors through a log file
-// instead of a pipe that the init would hold open forever. It also starts
-// a session of its own: a signal to the agent's process group (Ctrl-C in
-// a terminal) must not reach the sandboxes.
-func (c *Container) runcCreate(ctx context.Context, id, bundle string) error {
-	logPath := filepath.Join(bundle, "runc.log")
-	cmd := exec.CommandContext(ctx, c.cfg.RuncPath, "--root", c.cfg.RuncRoot,
-		"--log", logPath, "--log-format", "json",
-		"create", "--bundle", bundle, id)
-	cmd.Env = c.runcEnv
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Run(); err != nil {
-		if msg := lastRuncError(logPath); msg != "" {
-			return fmt.Errorf("runc create: %s", msg)
-		}
-		return fmt.Errorf("runc create: %w", err)
-	}
-	return nil
-}
-
-// runcEnv is the agent's environment without the variables through which
-// runc would hand the agent's systemd notification socket or its
-// socket-activated listeners to sandboxes.
-func runcEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		switch k {
-		case "NOTIFY_SOCKET", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES":
-			continue
-		}
-		env = append(env, kv)
-	}
-	return env
-}
-
-// lastRuncError returns the message of the last error runc logged (JSON
-// log format) in logPath, or "".
-func lastRuncError(logPath string) string {
-	f, err := os.Open(logPath)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	var msg string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		var e struct{ Level, Msg string }
-		if json.Unmarshal(sc.Bytes(), &e) == nil && (e.Level == "error" || e.Level == "fatal") {
-			msg = e.Msg
-		}
-	}
-	return msg
-}
 
 // runcState is the part of runc's own state file (<root>/<id>/state.json,
 // libcontainer's State, stable since runc 1.0) the backend reads. Reading
@@ -104,30 +27,33 @@ type runcState struct {
 }
 
 // readRuncState reads runc's state for id. ErrNotFound if runc has none.
-func (c *Container) readRuncState(id string) (*runcState, error) {
-	b, err := os.ReadFile(filepath.Join(c.cfg.RuncRoot, id, "state.json"))
+// runc's init waits on the exec fifo until started, and removes it after.
+func (c *Container) readRuncState(id string) (*runtimeState, error) {
+	b, err := os.ReadFile(filepath.Join(c.runc.root, id, "state.json"))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, errdefs.New(errdefs.ErrNotFound, "sandbox_not_found", "no runtime state for sandbox %s", id)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("runtime state of %s: %w", id, err)
+		return nil, err
 	}
 	var st runcState
 	if err := json.Unmarshal(b, &st); err != nil {
-		return nil, fmt.Errorf("runtime state of %s: %w", id, err)
+		return nil, err
 	}
-	if st.InitPid <= 0 {
-		return nil, fmt.Errorf("runtime state of %s: no init pid", id)
-	}
-	return &st, nil
+	return &runtimeState{InitPid: st.InitPid, InitStart: st.InitStart, CgroupPaths: st.CgroupPaths,
+		Created: exists(c.runcFifo(id))}, nil
 }
 
-// created reports whether runc created the container but it was not
-// started: runc's init then blocks on the exec fifo until `runc start`
-// opens it, and removes it after.
-func (c *Container) created(id string) bool {
-	_, err := os.Lstat(filepath.Join(c.cfg.RuncRoot, id, "exec.fifo"))
-	return err == nil
+// runcFifo is runc's exec fifo of id.
+func (c *Container) runcFifo(id string) string { return filepath.Join(c.runc.root, id, "exec.fifo") }
+
+// created reports whether the sandbox was created but not started.
+func (c *Container) created(s *sandbox) bool {
+	if !s.rt.gvisor() {
+		return exists(c.runcFifo(s.spec.ID)) // one stat, no parse
+	}
+	st, err := c.readState(s.rt, s.spec.ID)
+	return err == nil && st.Created
 }
 
 // initProc identifies a container's init by pid and start time (clock

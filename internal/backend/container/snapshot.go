@@ -49,7 +49,7 @@ func (c *Container) Snapshot(ctx context.Context, id string, req backend.Snapsho
 	if err != nil {
 		return nil, err
 	}
-	if !s.init.alive() || c.created(id) {
+	if !s.init.alive() || c.created(s) {
 		return nil, errdefs.New(errdefs.ErrConflict, "sandbox_not_running", "snapshot of %s: sandbox is not running", id)
 	}
 	// One freeze at a time: a second snapshot would thaw the first's.

@@ -55,8 +55,8 @@ func hasCap(c int) bool {
 }
 
 // ociSpec is the runtime configuration of a sandbox whose merged root is
-// mounted at rootfs.
-func (c *Container) ociSpec(spec backend.Spec, rootfs string, ids *idRange) (*specs.Spec, error) {
+// mounted at rootfs, for runtime r.
+func (c *Container) ociSpec(r *ociRuntime, spec backend.Spec, rootfs string, ids *idRange) (*specs.Spec, error) {
 	res := &specs.LinuxResources{
 		// Deny every device; runc adds back the standard ones it creates
 		// in /dev (null, zero, full, random, urandom, tty, ptmx).
@@ -144,6 +144,9 @@ func (c *Container) ociSpec(spec backend.Spec, rootfs string, ids *idRange) (*sp
 	// it non-dumpable (installInit).
 	s.Process.Capabilities = &specs.LinuxCapabilities{}
 	s.Process.ApparmorProfile = c.apparmor
+	if r.gvisor() {
+		c.gvisorSpec(s, spec, rootfs)
+	}
 	return s, nil
 }
 
@@ -196,5 +199,9 @@ func (c *Container) devMount(rootfs string) specs.Mount {
 		return specs.Mount{Destination: "/dev", Type: "bind", Source: filepath.Join(rootfs, platformSub, "dev"),
 			Options: []string{"bind", "ro", "nosuid", "noexec"}}
 	}
-	return specs.Mount{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}}
+	return devTmpfs
 }
+
+// devTmpfs is a /dev the runtime fills: runc with the standard devices,
+// gVisor with its own.
+var devTmpfs = specs.Mount{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}}

@@ -1,12 +1,9 @@
 package container
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"os/exec"
-	"strings"
 	"time"
 
 	"github.com/warrenhq/warren/internal/backend"
@@ -15,17 +12,17 @@ import (
 var _ backend.Statser = (*Container)(nil)
 
 // Stats reads the sandbox's cgroup counters through `runc events --stats`,
-// which knows both cgroup versions.
+// which knows both cgroup versions. runsc answers the same command from
+// the sentry: its memory and processes are the sandbox's as gVisor counts
+// them, not the host's tasks of the sentry.
 func (c *Container) Stats(ctx context.Context, id string) (backend.Stats, error) {
-	if _, err := c.get(id); err != nil {
+	s, err := c.get(id)
+	if err != nil {
 		return backend.Stats{}, err
 	}
-	cmd := exec.CommandContext(ctx, c.cfg.RuncPath, "--root", c.cfg.RuncRoot, "events", "--stats", id)
-	cmd.Env = c.runcEnv
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return backend.Stats{}, fmt.Errorf("runc events --stats: %s", strings.TrimSpace(stderr.String()+" "+err.Error()))
+	out, err := s.rt.output(ctx, "events", "--stats", id)
+	if err != nil {
+		return backend.Stats{}, err
 	}
 	var ev struct {
 		Data struct {
@@ -45,8 +42,8 @@ func (c *Container) Stats(ctx context.Context, id string) (backend.Stats, error)
 			} `json:"pids"`
 		} `json:"data"`
 	}
-	if err := json.Unmarshal(stdout.Bytes(), &ev); err != nil {
-		return backend.Stats{}, fmt.Errorf("runc events --stats: %w", err)
+	if err := json.Unmarshal(out, &ev); err != nil {
+		return backend.Stats{}, fmt.Errorf("%s events --stats: %w", s.rt.name, err)
 	}
 	d := ev.Data
 	return backend.Stats{

@@ -15,8 +15,8 @@ import (
 
 // Sweep removes what this backend holds on the host for sandboxes that
 // orphan claims (the agent has no record of them) and this process does
-// not know: runc's state under RuncRoot (killing the container's
-// processes), the sandbox's cgroups under CgroupParent in every hierarchy
+// not know: runc's state under RuncRoot or runsc's under RunscRoot
+// (killing the container's processes), the sandbox's cgroups under CgroupParent in every hierarchy
 // (exec sub-cgroups included), its mounts and its directory under
 // StateDir; then the layer mounts no sandbox holds any more
 // (image.Mounts.Prune). It returns what it removed, one line each. Call
@@ -34,6 +34,9 @@ func (c *Container) Sweep(ctx context.Context, orphan func(id string) bool) ([]s
 		for _, e := range entries {
 			add(e.Name())
 		}
+	}
+	for _, id := range runscIDs(c.cfg.RunscRoot) {
+		add(id)
 	}
 	if layout != nil {
 		for _, parent := range layout.Paths(c.cfg.CgroupParent) {
@@ -88,14 +91,14 @@ func (c *Container) Sweep(ctx context.Context, orphan func(id string) bool) ([]s
 }
 
 // sweepOne removes everything of one unrecorded sandbox: first as Destroy
-// does (runc's state says which processes and cgroups are its), then
-// whatever that left, such as cgroups whose runc state is gone.
+// does (its runtime's state says which processes and cgroups are its),
+// then whatever that left, such as cgroups whose runtime state is gone.
 func (c *Container) sweepOne(ctx context.Context, id string, layout *cgroup.Layout) ([]string, error) {
 	var removed []string
-	runcDir := filepath.Join(c.cfg.RuncRoot, id)
-	hadRunc := exists(runcDir)
+	rt := c.runtimeOf(id, nil)
+	hadState := rt.hasState(id)
 	var initPid int
-	if st, err := c.readRuncState(id); err == nil && (initProc{pid: st.InitPid, start: st.InitStart}).alive() {
+	if st, err := c.readState(rt, id); err == nil && (initProc{pid: st.InitPid, start: st.InitStart}).alive() {
 		initPid = st.InitPid
 	}
 	var cgroups []cgroup.Dir
@@ -133,16 +136,16 @@ func (c *Container) sweepOne(ctx context.Context, id string, layout *cgroup.Layo
 		}
 		removed = append(removed, "mount "+mp)
 	}
-	if hadRunc {
-		if exists(runcDir) {
-			// Destroy could not make runc delete it; its init is dead
-			// by now (or never was), so the state is only files.
-			if err := os.RemoveAll(runcDir); err != nil {
+	if hadState {
+		// Destroy could not make the runtime delete it; its init is
+		// dead by now (or never was), so the state is only files.
+		for _, p := range rt.statePaths(id) {
+			if err := os.RemoveAll(p); err != nil {
 				errs = append(errs, err)
 			}
 		}
-		if !exists(runcDir) {
-			removed = append(removed, "runc state "+runcDir)
+		if !rt.hasState(id) {
+			removed = append(removed, rt.name+" state "+rt.statePaths(id)[0])
 		}
 	}
 	if hadDir {

@@ -64,7 +64,7 @@ func (g *guest) client(ctx context.Context) (*http2.ClientConn, error) {
 	}
 	// The handshake waits for the guest agent: it answers once the
 	// guest has booted. QEMU ending meanwhile ends the wait.
-	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Now()) })
+	hctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		t := time.NewTicker(100 * time.Millisecond)
@@ -75,17 +75,16 @@ func (g *guest) client(ctx context.Context) (*http2.ClientConn, error) {
 				return
 			case <-t.C:
 				if g.alive != nil && !g.alive() {
-					conn.SetDeadline(time.Now())
+					cancel()
 					return
 				}
 			}
 		}
 	}()
 	r := bufio.NewReaderSize(conn, 64<<10)
-	err = proto.HostHandshake(r, conn, g.secret)
+	err = proto.HostHandshake(hctx, conn, r, g.secret)
 	close(done)
-	stop()
-	conn.SetDeadline(time.Time{})
+	cancel()
 	if err != nil {
 		conn.Close()
 		if g.alive != nil && !g.alive() {
@@ -96,7 +95,7 @@ func (g *guest) client(ctx context.Context) (*http2.ClientConn, error) {
 		}
 		return nil, fmt.Errorf("guest agent: %w", err)
 	}
-	t := &http2.Transport{AllowHTTP: true, MaxReadFrameSize: 1 << 20, ReadIdleTimeout: 0}
+	t := &http2.Transport{AllowHTTP: true}
 	cc, err := t.NewClientConn(&bufConn{Conn: conn, r: r})
 	if err != nil {
 		conn.Close()

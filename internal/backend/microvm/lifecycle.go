@@ -190,47 +190,23 @@ func (m *MicroVM) machine(s *sandbox) qemu.Machine {
 		QMP:       filepath.Join(s.dir, qmpSock),
 	}
 	if m.accel == qemu.KVM {
-		mach.Type = "microvm"
-	}
-	bus := "pci"
-	if mach.Type == "microvm" {
-		bus = "device"
-	}
-	x := []string{}
-	if m.bios != "" {
-		x = append(x, "-bios", m.bios)
-	}
-	if m.accel == qemu.TCG {
-		x = append(x, "-accel", "tcg,tb-size="+strconv.Itoa(tcgCacheMiB))
+		mach.Type = "microvm" // under TCG it hangs calibrating the TSC
+	} else {
+		mach.BIOS, mach.TCGCacheMiB = m.bios, tcgCacheMiB
 	}
 	for i, l := range s.spec.Layers {
 		if m.dax {
-			size := fileSize(l.Path)
-			x = append(x,
-				"-object", fmt.Sprintf("memory-backend-file,id=pm%d,mem-path=%s,size=%d,share=on,readonly=on", i, esc(l.Path), alignUp(size, 2<<20)),
-				"-device", fmt.Sprintf("virtio-pmem-%s,memdev=pm%d,id=pmem%d", bus, i, i))
+			mach.PMem = append(mach.PMem, qemu.PMem{Path: l.Path, Size: alignUp(fileSize(l.Path), 2<<20)})
 			continue
 		}
-		x = append(x,
-			"-drive", fmt.Sprintf("if=none,id=l%d,format=raw,file=%s,readonly=on", i, esc(l.Path)),
-			"-device", fmt.Sprintf("virtio-blk-%s,drive=l%d,serial=warren-l%d", bus, i, i))
+		mach.Disks = append(mach.Disks, qemu.Disk{Path: l.Path, ReadOnly: true, Serial: fmt.Sprintf("warren-l%d", i)})
 	}
-	x = append(x,
-		"-drive", fmt.Sprintf("if=none,id=upper,format=raw,file=%s,discard=unmap", esc(filepath.Join(s.dir, upperFile))),
-		"-device", fmt.Sprintf("virtio-blk-%s,drive=upper,serial=warren-upper", bus),
-		"-device", "virtio-serial-"+bus,
-		"-chardev", fmt.Sprintf("socket,id=agent,path=%s,server=on,wait=off", esc(filepath.Join(s.dir, agentSock))),
-		"-device", "virtserialport,chardev=agent,name="+proto.PortName,
-		"-fw_cfg", fmt.Sprintf("name=%s,file=%s", proto.ConfigName, esc(filepath.Join(s.dir, configFile))),
-	)
-	if m.dax {
-		x = append(x, "-m", fmt.Sprintf("%dM,slots=%d,maxmem=%dM", mach.MemoryMiB, len(s.spec.Layers)+1, mach.MemoryMiB+len(s.spec.Layers)*1024*64))
-	}
-	mach.Extra = x
+	mach.Disks = append(mach.Disks, qemu.Disk{Path: filepath.Join(s.dir, upperFile), Serial: "warren-upper", Discard: true})
+	mach.Ports = []qemu.Port{{Name: proto.PortName, Socket: filepath.Join(s.dir, agentSock)}}
+	mach.FwCfg = []qemu.FwCfg{{Name: proto.ConfigName, File: filepath.Join(s.dir, configFile)}}
+	mach.Balloon = true
 	return mach
 }
-
-func esc(s string) string { return strings.ReplaceAll(s, ",", ",,") }
 
 func fileSize(p string) int64 {
 	fi, err := os.Stat(p)
@@ -254,7 +230,7 @@ func (m *MicroVM) Start(ctx context.Context, id string) error {
 	if s.proc != nil || exists(filepath.Join(s.dir, stoppedFile)) {
 		return errdefs.New(errdefs.ErrConflict, "sandbox_not_created", "start %s: sandbox is not in the created state", id)
 	}
-	if err := m.boot(ctx, s, nil); err != nil {
+	if err := m.boot(ctx, s, false); err != nil {
 		return fmt.Errorf("start %s: %w", id, err)
 	}
 	return nil
@@ -262,9 +238,9 @@ func (m *MicroVM) Start(ctx context.Context, id string) error {
 
 // boot starts QEMU for s (incoming: restore from a saved state instead)
 // and starts the sandbox in the guest. On error QEMU is gone.
-func (m *MicroVM) boot(ctx context.Context, s *sandbox, incoming []string) error {
+func (m *MicroVM) boot(ctx context.Context, s *sandbox, incoming bool) error {
 	mach := m.machine(s)
-	mach.Extra = append(mach.Extra, incoming...)
+	mach.Incoming = incoming
 	argv, err := mach.Args()
 	if err != nil {
 		return err
@@ -280,8 +256,8 @@ func (m *MicroVM) boot(ctx context.Context, s *sandbox, incoming []string) error
 	defer cancel()
 	req := proto.StartRequest{Hostname: s.spec.ID, Env: s.spec.Env, Workdir: s.spec.Workdir,
 		Memory: s.spec.Resources.Memory, PIDs: s.spec.Resources.PIDs, DNS: s.spec.DNS}
-	if len(incoming) > 0 {
-		return nil // the caller resumes the machine
+	if incoming {
+		return nil // the caller restores and resumes the machine
 	}
 	if err := s.guest.call(bctx, "POST", "/v1/start", nil, req, nil); err != nil {
 		why := m.failure(s, err)
@@ -643,4 +619,27 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "; ")
+}
+
+// Sweep removes the sandboxes on disk that the node no longer knows of
+// (orphan says which): their QEMU, cgroups and directories.
+func (m *MicroVM) Sweep(ctx context.Context, orphan func(id string) bool) ([]string, error) {
+	ents, err := os.ReadDir(m.dir)
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	var errs []error
+	for _, e := range ents {
+		id := e.Name()
+		if !e.IsDir() || backend.ValidID(id) != nil || !orphan(id) {
+			continue
+		}
+		if err := m.Destroy(ctx, id); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, id)
+	}
+	return removed, errors.Join(errs...)
 }

@@ -106,6 +106,7 @@ var (
 	_ backend.Statser     = (*MicroVM)(nil)
 	_ backend.PortDialer  = (*MicroVM)(nil)
 	_ backend.DiskLimiter = (*MicroVM)(nil)
+	_ backend.Accelerated = (*MicroVM)(nil)
 )
 
 // New returns a MicroVM backend. What the host lacks (QEMU, a kernel, the
@@ -164,7 +165,7 @@ func (m *MicroVM) prepare() error {
 	if _, err := os.Stat(m.cfg.GuestAgent); err != nil {
 		return errdefs.Unavailable("microvm: no guest agent %s (scripts/build-helpers builds warren-guest)", m.cfg.GuestAgent)
 	}
-	load := []string{"crc32c_generic", "virtio_pci", "virtio_blk", "virtio_console", "virtio_rng", "qemu_fw_cfg", "erofs", "overlay", "ext4"}
+	load := []string{"crc32c_generic", "virtio_pci", "virtio_blk", "virtio_console", "virtio_rng", "qemu_fw_cfg", "virtio_balloon", "erofs", "overlay", "ext4"}
 	if m.cfg.DAX {
 		if _, err := initramfs.Resolve(modules, []string{"virtio_pmem", "nd_pmem"}); err == nil {
 			load = append(load, "virtio_pmem", "nd_pmem")
@@ -258,14 +259,14 @@ func (m *MicroVM) Name() string { return Name }
 
 // Capabilities implements backend.Backend.
 func (m *MicroVM) Capabilities() backend.Capabilities {
-	return backend.Capabilities{Exec: true, Files: true, Hostname: true, Isolated: true, Limits: true, Recover: true}
+	return backend.Capabilities{Exec: true, Files: true, Hostname: true, Isolated: true, Limits: true, Recover: true, Pause: true}
 }
 
 // Available implements backend.Backend.
 func (m *MicroVM) Available(ctx context.Context) error { return m.initErr }
 
-// Accel says which accelerator the machines run under, and why.
-func (m *MicroVM) Accel() (qemu.Accel, string) { return m.accel, m.accelWhy }
+// Accel implements backend.Accelerated.
+func (m *MicroVM) Accel() (string, string) { return string(m.accel), m.accelWhy }
 
 // DiskQuota implements backend.DiskLimiter: the writable disk is an image
 // of the limit's size.
@@ -281,3 +282,18 @@ const (
 	bootTimeout = 3 * time.Minute // TCG on a loaded 2-core machine
 	killWait    = 10 * time.Second
 )
+
+// Close ends this process's sessions with every guest agent and leaves
+// the machines running, as the agent's exit does: a later MicroVM on the
+// same state directory re-adopts them (Recover). QEMU serves one session
+// per machine at a time, so the old ones must end first.
+func (m *MicroVM) Close() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, s := range m.sandboxes {
+		if s.guest != nil {
+			s.guest.close()
+		}
+	}
+	return nil
+}
