@@ -194,33 +194,63 @@ func mac(secret, role, n string) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// readLine returns the next line holding word, from word on, discarding
-// the lines without it (bytes of an earlier session may precede word on
-// its line).
-func readLine(r *bufio.Reader, word string) ([]string, error) {
-	noise := 0
+// lines reads lines holding one of a few words, keeping a partial line
+// across a read deadline (the host waits in half-second steps).
+type lines struct {
+	r       *bufio.Reader
+	partial []byte
+	noise   int
+}
+
+// next returns the next line holding one of words, from that word on,
+// discarding lines without one (bytes of an earlier session may precede
+// the word on its line).
+func (l *lines) next(words ...string) ([]string, error) {
 	for {
-		line, err := r.ReadString('\n')
+		frag, err := l.r.ReadSlice('\n')
+		l.partial = append(l.partial, frag...)
+		if err == bufio.ErrBufferFull {
+			err = nil
+		}
+		if len(l.partial) > maxLine {
+			l.noise += len(l.partial)
+			l.partial = l.partial[:0]
+		}
 		if err != nil {
 			return nil, err
 		}
-		if i := strings.Index(line, word+" "); i >= 0 || strings.TrimSpace(line) == word {
-			return strings.Fields(line[max(i, 0):]), nil
+		if len(frag) == 0 || frag[len(frag)-1] != '\n' {
+			continue
 		}
-		if noise += len(line); noise > maxNoise {
-			return nil, fmt.Errorf("%w: no %s line", ErrHandshake, word)
+		line := string(l.partial)
+		l.partial = l.partial[:0]
+		for _, w := range words {
+			if i := strings.Index(line, w+" "); i >= 0 {
+				return strings.Fields(line[i:]), nil
+			}
+			if strings.HasSuffix(strings.TrimSpace(line), w) {
+				return []string{w}, nil
+			}
+		}
+		if l.noise += len(line); l.noise > maxNoise {
+			return nil, fmt.Errorf("%w: no %s line", ErrHandshake, strings.Join(words, " or "))
 		}
 	}
 }
+
+// maxLine bounds a handshake line.
+const maxLine = 1024
 
 // HostHandshake runs the host's side on a fresh connection. r must be
 // the buffered reader the rest of the session reads from. The hello is
 // sent again every half second until the guest answers: a guest restored
 // from a saved state is still in its earlier session, which the first
-// hello ends. ctx bounds the whole handshake (its deadline and its end
-// set conn's deadlines).
+// hello ends. ctx bounds the whole handshake.
 func HostHandshake(ctx context.Context, conn net.Conn, r *bufio.Reader, secret string) error {
 	defer conn.SetDeadline(time.Time{})
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	l := &lines{r: r}
 	hn := nonce()
 	for {
 		if err := ctx.Err(); err != nil {
@@ -229,13 +259,9 @@ func HostHandshake(ctx context.Context, conn net.Conn, r *bufio.Reader, secret s
 		if _, err := fmt.Fprintf(conn, "\n%s %s\n", helloWord, hn); err != nil {
 			return err
 		}
-		d := time.Now().Add(500 * time.Millisecond)
-		if cd, ok := ctx.Deadline(); ok && cd.Before(d) {
-			d = cd
-		}
-		conn.SetReadDeadline(d)
-		f, err := readLine(r, welcomeWord)
-		if errors.Is(err, os.ErrDeadlineExceeded) {
+		conn.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		f, err := l.next(welcomeWord)
+		if errors.Is(err, os.ErrDeadlineExceeded) && ctx.Err() == nil {
 			continue
 		}
 		if err != nil {
@@ -251,36 +277,43 @@ func HostHandshake(ctx context.Context, conn net.Conn, r *bufio.Reader, secret s
 		if _, err := fmt.Fprintf(conn, "%s %s\n", proveWord, mac(secret, "host", f[3])); err != nil {
 			return err
 		}
-		stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
-		defer stop()
-		_, err = readLine(r, readyWord)
-		return err
+		for {
+			// Answers to hellos sent meanwhile may come first.
+			f, err := l.next(readyWord, welcomeWord)
+			if err != nil || f[0] == readyWord {
+				return err
+			}
+		}
 	}
 }
 
 // GuestHandshake runs the guest's side. r must be the buffered reader
-// the rest of the session reads from.
+// the rest of the session reads from. Every hello gets an answer (the
+// host says it again until it hears one), all with this handshake's one
+// guest nonce, which the proof must answer.
 func GuestHandshake(r *bufio.Reader, w io.Writer, secret string) error {
-	f, err := readLine(r, helloWord)
-	if err != nil {
-		return err
-	}
-	if len(f) != 2 {
-		return fmt.Errorf("%w: malformed hello", ErrHandshake)
-	}
+	l := &lines{r: r}
 	gn := nonce()
-	if _, err := fmt.Fprintf(w, "\n%s %s %s %s\n", welcomeWord, f[1], mac(secret, "guest", f[1]), gn); err != nil {
-		return err
+	answered := false
+	for {
+		f, err := l.next(helloWord, proveWord)
+		if err != nil {
+			return err
+		}
+		switch {
+		case f[0] == helloWord && len(f) == 2:
+			answered = true
+			if _, err := fmt.Fprintf(w, "\n%s %s %s %s\n", welcomeWord, f[1], mac(secret, "guest", f[1]), gn); err != nil {
+				return err
+			}
+		case f[0] == proveWord && len(f) == 2 && answered:
+			if !hmac.Equal([]byte(f[1]), []byte(mac(secret, "host", gn))) {
+				return fmt.Errorf("%w: the host does not know the sandbox's secret", ErrHandshake)
+			}
+			_, err = fmt.Fprintf(w, "\n%s\n", readyWord)
+			return err
+		}
 	}
-	f, err = readLine(r, proveWord)
-	if err != nil {
-		return err
-	}
-	if len(f) != 2 || !hmac.Equal([]byte(f[1]), []byte(mac(secret, "host", gn))) {
-		return fmt.Errorf("%w: the host does not know the sandbox's secret", ErrHandshake)
-	}
-	_, err = fmt.Fprintf(w, "\n%s\n", readyWord)
-	return err
 }
 
 // NewSecret returns a fresh secret for Config.Secret.

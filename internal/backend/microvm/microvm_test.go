@@ -138,9 +138,12 @@ func (h *harness) started(t *testing.T, id string, mods ...func(*backend.Spec)) 
 func (h *harness) sh(t *testing.T, id, script string) (string, string, int) {
 	t.Helper()
 	var o, e strings.Builder
-	res, err := h.m.Exec(context.Background(), id, backend.ExecRequest{Argv: []string{"sh", "-c", script}, Stdout: &o, Stderr: &e, Timeout: time.Minute})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := h.m.Exec(ctx, id, backend.ExecRequest{Argv: []string{"sh", "-c", script}, Stdout: &o, Stderr: &e, Timeout: time.Minute})
 	if err != nil {
-		t.Fatalf("exec %q: %v", script, err)
+		console, _ := os.ReadFile(filepath.Join(h.m.sandboxDir(id), consoleFile))
+		t.Fatalf("exec %q: %v; console: %s", script, err, console)
 	}
 	return o.String(), e.String(), res.ExitCode
 }

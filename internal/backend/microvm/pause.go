@@ -44,6 +44,10 @@ func (m *MicroVM) Pause(ctx context.Context, id string) (backend.PauseStats, err
 		return ps, errdefs.New(errdefs.ErrConflict, "sandbox_not_running", "pause %s: sandbox is not running", id)
 	}
 	ps.Before = m.charged(id)
+	// The session ends first, so that the saved guest is waiting for the
+	// next one (QEMU tells it the host hung up), not in the middle of
+	// this one, whose port state would not come back with it.
+	s.guest.close()
 	start := time.Now()
 	q, err := qemu.DialQMP(ctx, filepath.Join(s.dir, qmpSock))
 	if err != nil {
