@@ -179,7 +179,7 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	}
 	backends := []backend.Backend{b}
 	if cfg.Simulated == nil {
-		backends = append(backends, machineBackends(nodeDir, nodeID, cfg.Machines, log)...)
+		backends = append(backends, machineBackends(nodeDir, nodeID, cfg.Machines, mounts, log)...)
 	}
 	// No Images: the apiserver resolves images and sends them with each
 	// create, so the node needs only the blob store.

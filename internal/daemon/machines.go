@@ -6,6 +6,7 @@ import (
 
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/backend/microvm"
+	"github.com/warrenhq/warren/internal/image"
 )
 
 // MachineConfig configures the node's QEMU backends (microvm).
@@ -23,7 +24,7 @@ type MachineConfig struct {
 
 // machineBackends are the node's QEMU backends. One the host cannot run
 // (no QEMU, no guest kernel) is still returned: the node reports why.
-func machineBackends(nodeDir, nodeID string, cfg MachineConfig, log *slog.Logger) []backend.Backend {
+func machineBackends(nodeDir, nodeID string, cfg MachineConfig, mounts *image.Mounts, log *slog.Logger) []backend.Backend {
 	if cfg.Off {
 		return nil
 	}
@@ -32,6 +33,7 @@ func machineBackends(nodeDir, nodeID string, cfg MachineConfig, log *slog.Logger
 		Kernel:       cfg.Kernel,
 		CgroupParent: "/warren/" + nodeID + "/vm",
 		DAX:          cfg.DAX,
+		Mounts:       mounts,
 	})
 	if err != nil {
 		log.Warn("microvm backend", "err", err)

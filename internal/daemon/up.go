@@ -121,7 +121,7 @@ func Up(ctx context.Context, cfg UpConfig) error {
 	agent, err := node.New(ctx, node.Config{
 		ID:             nodeID,
 		StateDir:       filepath.Join(nodeDir, "sandboxes"),
-		Backends:       append([]backend.Backend{ctr}, machineBackends(nodeDir, nodeID, cfg.Machines, log)...),
+		Backends:       append([]backend.Backend{ctr}, machineBackends(nodeDir, nodeID, cfg.Machines, mounts, log)...),
 		Images:         imgs.images,
 		Layers:         cache,
 		Packer:         cache,

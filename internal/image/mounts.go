@@ -15,6 +15,7 @@ import (
 
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/loopdev"
 )
 
 // Mounts keeps one read-only EROFS mount per layer digest on a node, shared
@@ -302,47 +303,10 @@ func mountLayer(file, target string) error {
 	return nil
 }
 
-// mountLoop attaches file to a free loop device, read-only and
-// auto-clearing (the device detaches itself when unmounted), and mounts it.
+// mountLoop mounts the EROFS image file on target through a read-only
+// loop device.
 func mountLoop(file, target string) error {
-	f, err := os.Open(file)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	ctl, err := os.OpenFile("/dev/loop-control", os.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return errdefs.Unavailable("no file-backed erofs and no loop devices: %v", err)
-	}
-	defer ctl.Close()
-	for attempt := 0; attempt < 10; attempt++ {
-		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
-		if err != nil {
-			return fmt.Errorf("loop-control: %w", err)
-		}
-		dev := fmt.Sprintf("/dev/loop%d", n)
-		loop, err := os.OpenFile(dev, os.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return err
-		}
-		cfg := unix.LoopConfig{Fd: uint32(f.Fd())}
-		cfg.Info.Flags = unix.LO_FLAGS_READ_ONLY | unix.LO_FLAGS_AUTOCLEAR
-		err = unix.IoctlLoopConfigure(int(loop.Fd()), &cfg)
-		if errors.Is(err, unix.EBUSY) {
-			loop.Close() // taken by someone else between GET_FREE and here
-			continue
-		}
-		if err != nil {
-			loop.Close()
-			return fmt.Errorf("configure %s: %w", dev, err)
-		}
-		err = unix.Mount(dev, target, "erofs", unix.MS_RDONLY, "")
-		// With AUTOCLEAR the device detaches on the last close if the
-		// mount failed, or on unmount if it succeeded.
-		loop.Close()
-		return err
-	}
-	return errors.New("no free loop device")
+	return loopdev.Mount(file, target, "erofs", unix.MS_RDONLY, "")
 }
 
 // isMountpoint reports whether dir is the root of a mount, by comparing its

@@ -186,6 +186,35 @@ func openDirs(sfd, dfd int, name, rel string) (s, d int, err error) {
 	return s, d, nil
 }
 
+// CopyFile copies the regular file src to dst (which must not exist) as
+// CopyTree copies each file: a clone where the filesystem shares blocks
+// (then reflink is true), else its data extents, holes left as holes.
+func CopyFile(src, dst string) (reflink bool, err error) {
+	c := &copier{reflink: true, buf: make([]byte, 1<<20)}
+	var st unix.Stat_t
+	if err := unix.Stat(src, &st); err != nil {
+		return false, fmt.Errorf("copy %s: %w", src, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return false, fmt.Errorf("copy %s: not a regular file", src)
+	}
+	sd, err := unix.Open(filepath.Dir(src), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false, err
+	}
+	defer unix.Close(sd)
+	dd, err := unix.Open(filepath.Dir(dst), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false, err
+	}
+	defer unix.Close(dd)
+	if filepath.Base(src) != filepath.Base(dst) {
+		return false, fmt.Errorf("copy %s to %s: CopyFile keeps the name", src, dst)
+	}
+	err = c.file(sd, dd, filepath.Base(src), filepath.Base(src), &st)
+	return c.cloned, err
+}
+
 // file copies a regular file: a clone where the filesystem shares
 // blocks, else its data extents, leaving holes as holes.
 func (c *copier) file(sfd, dfd int, name, rel string, st *unix.Stat_t) error {

@@ -45,6 +45,7 @@ import (
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/hostbin"
+	"github.com/warrenhq/warren/internal/image"
 	"github.com/warrenhq/warren/internal/qemu"
 )
 
@@ -81,6 +82,9 @@ type Config struct {
 	// DAX attaches layers as virtio-pmem mounted with DAX, sharing the
 	// host's page cache between guests, where the kernel has the modules.
 	DAX bool
+	// Mounts mounts layers on the host, which only snapshots that strip
+	// paths need (shared with the container backend).
+	Mounts *image.Mounts
 }
 
 // MicroVM is the microvm backend.
@@ -259,7 +263,7 @@ func (m *MicroVM) Name() string { return Name }
 
 // Capabilities implements backend.Backend.
 func (m *MicroVM) Capabilities() backend.Capabilities {
-	return backend.Capabilities{Exec: true, Files: true, Hostname: true, Isolated: true, Limits: true, Recover: true, Pause: true}
+	return backend.Capabilities{Exec: true, Files: true, Hostname: true, Isolated: true, Limits: true, Recover: true, Pause: true, Snapshot: true}
 }
 
 // Available implements backend.Backend.
