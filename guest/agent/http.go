@@ -139,7 +139,7 @@ func statusOf(code string) int {
 func (a *agent) status() proto.Status {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return proto.Status{Started: a.started, Uptime: uptime().Milliseconds(), BootMs: a.ready.Milliseconds()}
+	return proto.Status{Started: a.started, Uptime: uptime().Milliseconds(), BootMs: a.ready.Milliseconds(), DAX: layersDAX()}
 }
 
 func (a *agent) handleStart(w http.ResponseWriter, r *http.Request) {
@@ -284,3 +284,14 @@ const (
 	fifreeze = 0xc0045877
 	fithaw   = 0xc0045878
 )
+
+// layersDAX says whether the first layer is mounted with DAX.
+func layersDAX() bool {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 5 && f[4] == layersDir+"/0" {
+			return strings.Contains(line, "dax")
+		}
+	}
+	return false
+}

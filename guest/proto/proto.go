@@ -85,6 +85,9 @@ type Status struct {
 	Uptime  int64 `json:"uptime_ms"`
 	// BootMs is how long the guest took from its kernel's start to ready.
 	BootMs int64 `json:"boot_ms"`
+	// DAX says the layers are mounted with DAX (read in place from the
+	// host's page cache).
+	DAX bool `json:"dax,omitempty"`
 }
 
 // ExecRequest is the first line of an exec's request body; stdin follows.

@@ -126,6 +126,11 @@ func (m *MicroVM) Create(ctx context.Context, spec backend.Spec) (err error) {
 		if _, err := os.Stat(l.Path); err != nil {
 			return errdefs.Invalid("sandbox %s: layer %s: %v", id, l.Digest, err)
 		}
+		if m.dax {
+			if err := m.pmemFile(l); err != nil {
+				return fmt.Errorf("create sandbox %s: %w", id, err)
+			}
+		}
 	}
 	if err := makeDisk(ctx, filepath.Join(s.dir, upperFile), spec.Resources.Disk, spec.Resources.DiskInodes); err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
@@ -196,7 +201,8 @@ func (m *MicroVM) machine(s *sandbox) qemu.Machine {
 	}
 	for i, l := range s.spec.Layers {
 		if m.dax {
-			mach.PMem = append(mach.PMem, qemu.PMem{Path: l.Path, Size: alignUp(fileSize(l.Path), 2<<20)})
+			p := m.pmemPath(l)
+			mach.PMem = append(mach.PMem, qemu.PMem{Path: p, Size: fileSize(p)})
 			continue
 		}
 		mach.Disks = append(mach.Disks, qemu.Disk{Path: l.Path, ReadOnly: true, Serial: fmt.Sprintf("warren-l%d", i)})
