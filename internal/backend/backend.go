@@ -17,6 +17,7 @@ package backend
 
 import (
 	"context"
+	"image"
 	"io"
 	"net"
 	"os"
@@ -332,4 +333,29 @@ func ValidID(id string) error {
 		}
 	}
 	return nil
+}
+
+// Displayer is a backend whose sandboxes have a screen (the vm backend):
+// a screenshot of it, and keyboard and pointer input to it.
+type Displayer interface {
+	// Screen returns what the sandbox's display shows now. ErrConflict
+	// when it is not running.
+	Screen(ctx context.Context, id string) (image.Image, error)
+	// Input sends events, in order. A bad event (unknown key, a point
+	// off the screen) is ErrInvalid and nothing is sent.
+	Input(ctx context.Context, id string, events []InputEvent) error
+}
+
+// InputEvent is one keyboard or pointer action.
+type InputEvent struct {
+	// Type is "text" (Text typed as on a US keyboard), "key" (Key, one
+	// combination such as "Return" or "ctrl-alt-f2"), "move" (the
+	// pointer to X, Y) or "click" (Button at X, Y: "left" by default,
+	// "middle", "right", "wheel-up", "wheel-down").
+	Type   string `json:"type"`
+	Text   string `json:"text,omitempty"`
+	Key    string `json:"key,omitempty"`
+	X      int    `json:"x,omitempty"`
+	Y      int    `json:"y,omitempty"`
+	Button string `json:"button,omitempty"`
 }

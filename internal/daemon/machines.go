@@ -9,7 +9,7 @@ import (
 	"github.com/warrenhq/warren/internal/image"
 )
 
-// MachineConfig configures the node's QEMU backends (microvm).
+// MachineConfig configures the node's QEMU backends (microvm, vm).
 type MachineConfig struct {
 	// Kernel is the guest kernel: a vmlinuz or an unpacked
 	// linux-image package (default microvm.DefaultKernel, where
@@ -18,7 +18,7 @@ type MachineConfig struct {
 	// DAX attaches layers on virtio-pmem with DAX: guests share the
 	// host's page cache of each layer.
 	DAX bool
-	// Off runs no microVMs on this node.
+	// Off runs no microVMs or VMs on this node.
 	Off bool
 }
 
@@ -28,16 +28,21 @@ func machineBackends(nodeDir, nodeID string, cfg MachineConfig, mounts *image.Mo
 	if cfg.Off {
 		return nil
 	}
-	m, err := microvm.New(microvm.Config{
-		StateDir:     filepath.Join(nodeDir, "microvm"),
-		Kernel:       cfg.Kernel,
-		CgroupParent: "/warren/" + nodeID + "/vm",
-		DAX:          cfg.DAX,
-		Mounts:       mounts,
-	})
-	if err != nil {
-		log.Warn("microvm backend", "err", err)
-		return nil
+	var bs []backend.Backend
+	for _, kind := range []string{microvm.KindMicroVM, microvm.KindVM} {
+		m, err := microvm.New(microvm.Config{
+			Kind:         kind,
+			StateDir:     filepath.Join(nodeDir, kind),
+			Kernel:       cfg.Kernel,
+			CgroupParent: "/warren/" + nodeID + "/" + kind,
+			DAX:          cfg.DAX,
+			Mounts:       mounts,
+		})
+		if err != nil {
+			log.Warn("machine backend", "backend", kind, "err", err)
+			continue
+		}
+		bs = append(bs, m)
 	}
-	return []backend.Backend{m}
+	return bs
 }

@@ -17,11 +17,6 @@ import (
 	"github.com/warrenhq/warren/internal/testutil"
 )
 
-// VMDiskEnv names a bootable disk image (qcow2) whose display's console
-// (tty1) logs in as root by itself and says so on the serial port:
-// scripts/build-vm-disk builds one and prints its path.
-const VMDiskEnv = "WARREN_VM_DISK"
-
 // vmReady is what that image's tty1 login shell writes to the serial port.
 const vmReady = "warren-vm: shell ready on tty1"
 
@@ -31,14 +26,14 @@ const vmReady = "warren-vm: shell ready on tty1"
 // the display's console and sees the screen change and the command run
 // (its output goes to the serial port), and moves and clicks the pointer.
 func TestDisplayAndInput(t *testing.T) {
-	disk := os.Getenv(VMDiskEnv)
+	disk := os.Getenv(testutil.VMDiskEnv)
 	if disk == "" {
-		testutil.Unavailable(t, "set %s to a disk image (scripts/build-vm-disk builds one and prints its path)", VMDiskEnv)
+		testutil.Unavailable(t, "set %s to a disk image (scripts/build-vm-disk builds one and prints its path)", testutil.VMDiskEnv)
 		return
 	}
 	testutil.RequireQEMU(t)
 	if _, err := os.Stat(disk); err != nil {
-		t.Fatalf("%s: %v", VMDiskEnv, err)
+		t.Fatalf("%s: %v", testutil.VMDiskEnv, err)
 	}
 	accel, why := DetectAccel()
 	t.Logf("accelerator %s: %s", accel, why)

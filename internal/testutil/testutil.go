@@ -217,6 +217,11 @@ var guestAgent struct {
 	err  error
 }
 
+// VMDiskEnv names a bootable disk image (qcow2) whose display's console
+// logs in by itself, for the vm backend's tests: scripts/build-vm-disk
+// builds one and prints its path.
+const VMDiskEnv = "WARREN_VM_DISK"
+
 // GuestKernelEnv names a guest kernel for microVM tests: a vmlinuz, or an
 // unpacked linux-image package (scripts/fetch-guest-kernel prints one).
 const GuestKernelEnv = "WARREN_GUEST_KERNEL"

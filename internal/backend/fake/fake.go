@@ -56,6 +56,12 @@ type Options struct {
 	// Unavailable, if set, is what Available returns, to test how the
 	// agent reports a backend that cannot run on its host.
 	Unavailable error
+	// Runtimes, if set, are the runtimes Spec.Runtime may name, the
+	// default first (backend.Runtimes); by default the backend names
+	// none, and Create refuses any. RuntimeUnavailable maps a runtime
+	// to what RuntimeAvailable (and Create) return for it.
+	Runtimes           []string
+	RuntimeUnavailable map[string]error
 }
 
 // Backend is the fake backend. Its methods are safe for concurrent use.
@@ -132,6 +138,9 @@ func (b *Backend) Available(ctx context.Context) error {
 // left that was not recovered.
 func (b *Backend) Create(ctx context.Context, spec backend.Spec) error {
 	if err := validID(spec.ID); err != nil {
+		return err
+	}
+	if err := b.checkRuntime(ctx, spec); err != nil {
 		return err
 	}
 	x := &box{spec: spec, dir: filepath.Join(b.base, spec.ID), done: make(chan struct{}),

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"syscall"
 
+	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/guest/proto"
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
@@ -20,6 +21,9 @@ import (
 // running returns s if its machine runs; ErrConflict otherwise.
 func (m *MicroVM) running(id, verb string) (*sandbox, error) {
 	s, err := m.get(id)
+	if err == nil && m.kind == KindVM && verb != "screen" && verb != "input" {
+		return nil, errdefs.New(errdefs.ErrInvalid, api.CodeNotSupported, "%s in %s: a vm runs no warren guest agent (exec, files, ports and snapshots are microVMs' and containers')", verb, id)
+	}
 	if err != nil {
 		return nil, err
 	}

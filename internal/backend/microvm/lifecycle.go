@@ -126,13 +126,20 @@ func (m *MicroVM) Create(ctx context.Context, spec backend.Spec) (err error) {
 		if _, err := os.Stat(l.Path); err != nil {
 			return errdefs.Invalid("sandbox %s: layer %s: %v", id, l.Digest, err)
 		}
+		if m.kind == KindMicroVM && isDiskImage(l.Path) {
+			return errdefs.Invalid("sandbox %s: layer %s is a disk image: it boots with --backend vm", id, l.Digest)
+		}
 		if m.dax {
 			if err := m.pmemFile(l); err != nil {
 				return fmt.Errorf("create sandbox %s: %w", id, err)
 			}
 		}
 	}
-	if err := makeDisk(ctx, filepath.Join(s.dir, upperFile), spec.Resources.Disk, spec.Resources.DiskInodes); err != nil {
+	if m.kind == KindVM {
+		if err := m.createVM(ctx, s); err != nil {
+			return err
+		}
+	} else if err := makeDisk(ctx, filepath.Join(s.dir, upperFile), spec.Resources.Disk, spec.Resources.DiskInodes); err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	secret := proto.NewSecret()
@@ -173,11 +180,16 @@ func writeJSON(path string, v any) error {
 	return os.Rename(tmp, path)
 }
 
+// cpusOf is the vCPUs for a CPU limit: at least one, at most eight.
+func cpusOf(cpu float64) int { return max(1, min(int(math.Ceil(cpu)), 8)) }
+
 // machine is the QEMU machine of sandbox s.
 func (m *MicroVM) machine(s *sandbox) qemu.Machine {
+	if m.kind == KindVM {
+		return m.vmMachine(s)
+	}
 	r := s.spec.Resources
-	cpus := int(math.Ceil(r.CPU))
-	cpus = max(1, min(cpus, 8))
+	cpus := cpusOf(r.CPU)
 	mem := r.Memory
 	if mem == 0 {
 		mem = defaultMemory
@@ -264,6 +276,15 @@ func (m *MicroVM) boot(ctx context.Context, s *sandbox, incoming bool) error {
 		Memory: s.spec.Resources.Memory, PIDs: s.spec.Resources.PIDs, DNS: s.spec.DNS}
 	if incoming {
 		return nil // the caller restores and resumes the machine
+	}
+	if m.kind == KindVM {
+		// Nothing of warren inside: up once QEMU answers.
+		if err := m.waitQMP(bctx, s); err != nil {
+			why := m.failure(s, err)
+			m.kill(s)
+			return why
+		}
+		return nil
 	}
 	if err := s.guest.call(bctx, "POST", "/v1/start", nil, req, nil); err != nil {
 		why := m.failure(s, err)
@@ -361,9 +382,19 @@ func (m *MicroVM) Stop(ctx context.Context, id string, grace time.Duration) erro
 		}
 		return nil
 	}
-	sctx, cancel := context.WithTimeout(ctx, grace+killWait)
-	q := url.Values{"grace": {grace.String()}}
-	if err := s.guest.call(sctx, "POST", "/v1/shutdown", q, nil, nil); err == nil {
+	// A microVM's agent stops the processes within grace, then powers
+	// off; a vm's guest gets the power button and grace to shut down.
+	wait := grace + killWait
+	if m.kind == KindVM {
+		wait = grace
+	}
+	sctx, cancel := context.WithTimeout(ctx, wait)
+	if m.kind == KindVM {
+		err = m.powerdown(sctx, s)
+	} else {
+		err = s.guest.call(sctx, "POST", "/v1/shutdown", url.Values{"grace": {grace.String()}}, nil, nil)
+	}
+	if err == nil {
 		select {
 		case <-p.done:
 		case <-sctx.Done():

@@ -49,8 +49,6 @@ import (
 	"github.com/warrenhq/warren/internal/qemu"
 )
 
-// Name is the backend's API name.
-const Name = "microvm"
 
 // DefaultKernel is where scripts/fetch-guest-kernel leaves Debian's
 // kernel: boot/vmlinuz-* and lib/modules/* below it.
@@ -58,6 +56,9 @@ const DefaultKernel = "/var/cache/warren/guest/kernel/current"
 
 // Config configures a MicroVM backend.
 type Config struct {
+	// Kind is KindMicroVM (default) or KindVM (vm.go): the backend's
+	// name, and how its machines boot.
+	Kind string
 	// StateDir holds one directory per sandbox and the built initramfs.
 	StateDir string
 	// Kernel is a kernel image (vmlinuz), or a directory with
@@ -90,6 +91,7 @@ type Config struct {
 // MicroVM is the microvm backend.
 type MicroVM struct {
 	cfg      Config
+	kind     string
 	dir      string // <StateDir>/sandboxes
 	accel    qemu.Accel
 	accelWhy string
@@ -137,7 +139,14 @@ func New(cfg Config) (*MicroVM, error) {
 			cfg.ShellPath = "/bin/busybox"
 		}
 	}
-	m := &MicroVM{cfg: cfg, dir: filepath.Join(cfg.StateDir, "sandboxes"), sandboxes: map[string]*sandbox{}}
+	switch cfg.Kind {
+	case "":
+		cfg.Kind = KindMicroVM
+	case KindMicroVM, KindVM:
+	default:
+		return nil, errdefs.Invalid("microvm: kind %q (want microvm or vm)", cfg.Kind)
+	}
+	m := &MicroVM{cfg: cfg, kind: cfg.Kind, dir: filepath.Join(cfg.StateDir, "sandboxes"), sandboxes: map[string]*sandbox{}}
 	if err := os.MkdirAll(m.dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -149,7 +158,11 @@ func New(cfg Config) (*MicroVM, error) {
 	if _, err := os.Stat("/usr/share/qemu/qboot.rom"); err == nil && m.accel == qemu.TCG {
 		m.bios = "/usr/share/qemu/qboot.rom"
 	}
-	m.initErr = m.prepare()
+	if m.kind == KindVM {
+		m.initErr = m.prepareVM()
+	} else {
+		m.initErr = m.prepare()
+	}
 	return m, nil
 }
 
@@ -259,10 +272,13 @@ func (m *MicroVM) buildInitrd(modules string, load []string) (string, error) {
 }
 
 // Name implements backend.Backend.
-func (m *MicroVM) Name() string { return Name }
+func (m *MicroVM) Name() string { return m.kind }
 
 // Capabilities implements backend.Backend.
 func (m *MicroVM) Capabilities() backend.Capabilities {
+	if m.kind == KindVM {
+		return vmCapabilities
+	}
 	return backend.Capabilities{Exec: true, Files: true, Hostname: true, Isolated: true, Limits: true, Recover: true, Pause: true, Snapshot: true}
 }
 

@@ -46,3 +46,33 @@ func (m *MicroVM) pmemFile(l backend.Layer) error {
 	os.Chmod(copyPath, 0o444)
 	return os.Rename(copyPath, path) // a racing create made the same file
 }
+
+// isDiskImage says whether the file at path is a qcow2 disk image.
+func isDiskImage(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	b := make([]byte, len(qcow2Magic))
+	_, err = f.ReadAt(b, 0)
+	return err == nil && string(b) == string(qcow2Magic)
+}
+
+// copyFile copies src to dst (a clone where the filesystem can).
+func copyFile(src, dst string) (bool, error) {
+	if filepath.Base(src) == filepath.Base(dst) {
+		return rootfs.CopyFile(src, dst)
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(dst), ".copy-")
+	if err != nil {
+		return false, err
+	}
+	defer os.RemoveAll(tmp)
+	mid := filepath.Join(tmp, filepath.Base(src))
+	reflink, err := rootfs.CopyFile(src, mid)
+	if err != nil {
+		return false, err
+	}
+	return reflink, os.Rename(mid, dst)
+}

@@ -1,0 +1,244 @@
+package microvm
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"image"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/internal/backend"
+	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/qemu"
+)
+
+// The vm backend (Config.Kind KindVM) runs a whole machine: q35 booted
+// by its firmware from a disk image the user imported (qcow2; the
+// sandbox's one layer), through a copy-on-write overlay of its own, with
+// a VGA display (VNC on a unix socket in the sandbox's directory, and
+// QMP screenshots), a PS/2 keyboard and a USB tablet. Nothing of warren
+// runs inside: exec and files are not offered; Screen and Input are, and
+// pause and resume as for microVMs.
+
+// Kinds of machine (Config.Kind).
+const (
+	KindMicroVM = "microvm"
+	KindVM      = "vm"
+)
+
+// Files of a vm sandbox.
+const (
+	baseFile    = "base.qcow2" // a hard link to the imported disk (or a copy)
+	overlayFile = "disk.qcow2" // its copy-on-write overlay
+	vncSock     = "vnc.sock"
+)
+
+// defaultVMMemory is a vm's memory when the spec sets none.
+const defaultVMMemory = 1 << 30
+
+// vmCapabilities are what the vm backend offers.
+var vmCapabilities = backend.Capabilities{Isolated: true, Limits: true, Recover: true, Pause: true}
+
+var _ backend.Displayer = (*MicroVM)(nil)
+
+// prepareVM checks what the vm backend needs on the host.
+func (m *MicroVM) prepareVM() error {
+	if _, err := exec.LookPath(m.cfg.QEMU); err != nil {
+		return errdefs.Unavailable("vm: no QEMU (%s): install qemu-system-x86", m.cfg.QEMU)
+	}
+	if _, err := exec.LookPath("qemu-img"); err != nil {
+		return errdefs.Unavailable("vm: no qemu-img: install qemu-utils")
+	}
+	return nil
+}
+
+// qcow2Magic starts every qcow2 file.
+var qcow2Magic = []byte("QFI\xfb")
+
+// CheckDiskImage checks that path is a qcow2 disk image that stands
+// alone: no backing file and no external data file, either of which
+// would make QEMU open a file the image names (any file of the host).
+// ErrInvalid otherwise.
+func CheckDiskImage(ctx context.Context, path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	magic := make([]byte, 4)
+	_, err = f.ReadAt(magic, 0)
+	f.Close()
+	if err != nil || !bytes.Equal(magic, qcow2Magic) {
+		return errdefs.Invalid("not a qcow2 disk image")
+	}
+	out, err := exec.CommandContext(ctx, "qemu-img", "info", "--output=json", "-f", "qcow2", path).Output()
+	if err != nil {
+		return errdefs.Invalid("qemu-img info: %v", err)
+	}
+	var info struct {
+		Format          string `json:"format"`
+		VirtualSize     int64  `json:"virtual-size"`
+		BackingFilename string `json:"backing-filename"`
+		FormatSpecific  struct {
+			Data struct {
+				DataFile string `json:"data-file"`
+			} `json:"data"`
+		} `json:"format-specific"`
+	}
+	if err := json.Unmarshal(out, &info); err != nil {
+		return errdefs.Invalid("qemu-img info: %v", err)
+	}
+	switch {
+	case info.Format != "qcow2":
+		return errdefs.Invalid("disk image format %q, want qcow2", info.Format)
+	case info.BackingFilename != "":
+		return errdefs.Invalid("disk image has a backing file (%s): import a standalone image (qemu-img convert -O qcow2)", info.BackingFilename)
+	case info.FormatSpecific.Data.DataFile != "":
+		return errdefs.Invalid("disk image has an external data file (%s)", info.FormatSpecific.Data.DataFile)
+	case info.VirtualSize <= 0:
+		return errdefs.Invalid("disk image of virtual size %d", info.VirtualSize)
+	}
+	return nil
+}
+
+// createVM makes a vm sandbox's disk: the imported image kept alive by a
+// hard link in the sandbox's directory, and an overlay over it.
+func (m *MicroVM) createVM(ctx context.Context, s *sandbox) error {
+	if len(s.spec.Layers) != 1 {
+		return errdefs.Invalid("sandbox %s: a vm boots one disk image, got %d layers", s.spec.ID, len(s.spec.Layers))
+	}
+	src := s.spec.Layers[0].Path
+	if err := CheckDiskImage(ctx, src); err != nil {
+		return fmt.Errorf("sandbox %s: image: %w", s.spec.ID, err)
+	}
+	base := filepath.Join(s.dir, baseFile)
+	if err := os.Link(src, base); err != nil {
+		if _, err := copyFile(src, base); err != nil {
+			return err
+		}
+	}
+	out, err := exec.CommandContext(ctx, "qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", base,
+		filepath.Join(s.dir, overlayFile)).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("qemu-img create: %v: %s", err, out)
+	}
+	return nil
+}
+
+// vmMachine is a vm sandbox's machine.
+func (m *MicroVM) vmMachine(s *sandbox) qemu.Machine {
+	mem := s.spec.Resources.Memory
+	if mem == 0 {
+		mem = defaultVMMemory
+	}
+	mach := qemu.Machine{
+		Binary:    m.cfg.QEMU,
+		Type:      "q35",
+		Accel:     m.accel,
+		CPUs:      cpusOf(s.spec.Resources.CPU),
+		MemoryMiB: int(mem >> 20),
+		Disks:     []qemu.Disk{{Path: filepath.Join(s.dir, overlayFile), Format: "qcow2", Boot: true, Discard: true}},
+		Display:   &qemu.Display{VNC: filepath.Join(s.dir, vncSock), Pointer: qemu.USBTablet},
+		RNG:       true,
+		Balloon:   true,
+		QMP:       filepath.Join(s.dir, qmpSock),
+	}
+	if m.accel == qemu.TCG {
+		mach.TCGCacheMiB = 256
+	}
+	return mach
+}
+
+// waitQMP waits until QEMU of s answers on its QMP socket.
+func (m *MicroVM) waitQMP(ctx context.Context, s *sandbox) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	q, err := qemu.DialQMP(ctx, filepath.Join(s.dir, qmpSock))
+	if err != nil {
+		return err
+	}
+	return q.Close()
+}
+
+// powerdown asks a vm's guest to shut down (ACPI), as its power button.
+func (m *MicroVM) powerdown(ctx context.Context, s *sandbox) error {
+	q, err := qemu.DialQMP(ctx, filepath.Join(s.dir, qmpSock))
+	if err != nil {
+		return err
+	}
+	defer q.Close()
+	return q.Execute(ctx, "system_powerdown", nil, nil)
+}
+
+// display runs f on a QMP session of sandbox id's running machine.
+func (m *MicroVM) display(ctx context.Context, id, verb string, f func(*qemu.QMP) error) error {
+	if m.kind != KindVM {
+		return errdefs.New(errdefs.ErrInvalid, api.CodeNotSupported, "%s of %s: microVMs have no display (use --backend vm)", verb, id)
+	}
+	s, err := m.running(id, verb)
+	if err != nil {
+		return err
+	}
+	q, err := qemu.DialQMP(ctx, filepath.Join(s.dir, qmpSock))
+	if err != nil {
+		return fmt.Errorf("%s of %s: %w", verb, id, err)
+	}
+	defer q.Close()
+	if err := f(q); err != nil {
+		if errors.Is(err, qemu.ErrBadInput) {
+			return errdefs.Invalid("%s of %s: %v", verb, id, err)
+		}
+		return fmt.Errorf("%s of %s: %w", verb, id, err)
+	}
+	return nil
+}
+
+// Screen implements backend.Displayer: a QMP screendump.
+func (m *MicroVM) Screen(ctx context.Context, id string) (image.Image, error) {
+	var img image.Image
+	err := m.display(ctx, id, "screen", func(q *qemu.QMP) error {
+		var err error
+		img, err = q.Screendump(ctx)
+		return err
+	})
+	return img, err
+}
+
+// Input implements backend.Displayer. Every event is checked before the
+// first is sent.
+func (m *MicroVM) Input(ctx context.Context, id string, events []backend.InputEvent) error {
+	for i, e := range events {
+		switch e.Type {
+		case "text", "key", "move", "click":
+		default:
+			return errdefs.Invalid("input event %d: type %q (want text, key, move or click)", i, e.Type)
+		}
+		if e.X < 0 || e.Y < 0 {
+			return errdefs.Invalid("input event %d: point %d,%d", i, e.X, e.Y)
+		}
+	}
+	return m.display(ctx, id, "input", func(q *qemu.QMP) error {
+		for _, e := range events {
+			var err error
+			switch e.Type {
+			case "text":
+				err = q.TypeText(ctx, e.Text)
+			case "key":
+				err = q.SendKeys(ctx, e.Key)
+			case "move":
+				err = q.PointerMove(ctx, e.X, e.Y)
+			case "click":
+				err = q.Click(ctx, e.X, e.Y, e.Button)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
