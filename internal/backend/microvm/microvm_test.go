@@ -146,6 +146,7 @@ func (h *harness) sh(t *testing.T, id, script string) (string, string, int) {
 	res, err := h.m.Exec(ctx, id, backend.ExecRequest{Argv: []string{"sh", "-c", script}, Stdout: &o, Stderr: &e, Timeout: time.Minute})
 	if err != nil {
 		console, _ := os.ReadFile(filepath.Join(h.m.sandboxDir(id), consoleFile))
+		h.diagnose(t, id)
 		t.Fatalf("exec %q: %v; console: %s", script, err, console)
 	}
 	return o.String(), e.String(), res.ExitCode

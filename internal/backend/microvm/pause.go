@@ -44,16 +44,22 @@ func (m *MicroVM) Pause(ctx context.Context, id string) (backend.PauseStats, err
 		return ps, errdefs.New(errdefs.ErrConflict, "sandbox_not_running", "pause %s: sandbox is not running", id)
 	}
 	ps.Before = m.charged(id)
-	// The session ends first, so that the saved guest is waiting for the
-	// next one (QEMU tells it the host hung up), not in the middle of
-	// this one, whose port state would not come back with it.
-	s.guest.close()
-	start := time.Now()
 	q, err := qemu.DialQMP(ctx, filepath.Join(s.dir, qmpSock))
 	if err != nil {
 		return ps, fmt.Errorf("pause %s: %w", id, err)
 	}
 	defer q.Close()
+	// The session ends first, and QEMU must have seen it end (and told
+	// the guest, whose port then reads end of file) before the machine
+	// is saved: a guest saved in the middle of a session would wait for
+	// the rest of it after the restore.
+	s.guest.close()
+	if m.kind == KindMicroVM {
+		if err := waitDisconnected(ctx, q, "port0"); err != nil {
+			return ps, fmt.Errorf("pause %s: %w", id, err)
+		}
+	}
+	start := time.Now()
 	if err := q.Execute(ctx, "stop", nil, nil); err != nil {
 		return ps, fmt.Errorf("pause %s: %w", id, err)
 	}
@@ -84,6 +90,31 @@ func (m *MicroVM) Pause(ctx context.Context, id string) (backend.PauseStats, err
 	ps.Reclaim = fmt.Sprintf("machine state saved to disk (%d MiB), QEMU ended", size>>20)
 	writeJSON(filepath.Join(s.dir, pausedFile), ps)
 	return ps, nil
+}
+
+// waitDisconnected waits until QEMU's chardev label has no client.
+func waitDisconnected(ctx context.Context, q *qemu.QMP, label string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for {
+		var devs []struct {
+			Label    string `json:"label"`
+			Filename string `json:"filename"`
+		}
+		if err := q.Execute(ctx, "query-chardev", nil, &devs); err != nil {
+			return err
+		}
+		for _, d := range devs {
+			if d.Label == label && strings.HasPrefix(d.Filename, "disconnected:") {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the agent channel stays connected: %w", ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // migrate runs a QMP migration to uri and waits for it to complete.
