@@ -49,7 +49,6 @@ import (
 	"github.com/warrenhq/warren/internal/qemu"
 )
 
-
 // DefaultKernel is where scripts/fetch-guest-kernel leaves Debian's
 // kernel: boot/vmlinuz-* and lib/modules/* below it.
 const DefaultKernel = "/var/cache/warren/guest/kernel/current"
