@@ -158,7 +158,9 @@ type FnRuntimeList struct {
 	Runtimes []FnRuntime `json:"runtimes"`
 }
 
-// FnCall error codes.
+// FnCall error codes. CodeRuntimeUnavailable also answers a create whose
+// sandbox runtime (CreateSandboxRequest.Runtime) cannot run on the node,
+// or on any node that could take it; the message says why.
 const (
 	CodeRuntimeNotFound    = "runtime_not_found"   // 404: no node declares it
 	CodeRuntimeUnavailable = "runtime_unavailable" // 503: declared, but its environment is missing

@@ -185,8 +185,9 @@ func checkLen(field, s string, max int) error {
 }
 
 // CheckCreate checks a create request's sizes and ranges that need no
-// node: every length and count, and ttl and idle_timeout within
-// MinTTL..MaxTTL. It does not fill in defaults.
+// node: every length and count, ttl and idle_timeout within
+// MinTTL..MaxTTL, and the runtime (checkRuntime). It does not fill in
+// defaults.
 func CheckCreate(req *CreateSandboxRequest) error {
 	for _, f := range []struct {
 		name, v string
@@ -196,6 +197,7 @@ func CheckCreate(req *CreateSandboxRequest) error {
 		{"image", req.Image, MaxRefLen},
 		{"project", req.Project, MaxRefLen},
 		{"pool", req.Pool, MaxRefLen},
+		{"runtime", req.Runtime, MaxRefLen},
 		{"idempotency_key", req.IdempotencyKey, MaxIdempotencyKey},
 	} {
 		if err := checkLen(f.name, f.v, f.max); err != nil {
@@ -236,6 +238,9 @@ func CheckCreate(req *CreateSandboxRequest) error {
 	case "", PoolOnPrem, PoolCloud:
 	default:
 		return fmt.Errorf("pool %q: want %s or %s", req.Pool, PoolOnPrem, PoolCloud)
+	}
+	if err := checkRuntime(req); err != nil {
+		return err
 	}
 	if d := req.TTL.D(); d != 0 && (d < MinTTL || d > MaxTTL) {
 		return fmt.Errorf("ttl %v: want %v..%v", d, MinTTL, MaxTTL)
@@ -406,6 +411,25 @@ func CheckFnBatch(req *FnBatchRequest) error {
 			}
 			return fmt.Errorf("calls[%d]: %w", i, err)
 		}
+	}
+	return nil
+}
+
+// checkRuntime checks a create's runtime: a known one, asked of the
+// container backend, and for gVisor no network.
+func checkRuntime(req *CreateSandboxRequest) error {
+	switch req.Runtime {
+	case "":
+		return nil
+	case RuntimeRunc, RuntimeGVisor:
+	default:
+		return fmt.Errorf("runtime %q: want %s or %s", req.Runtime, RuntimeRunc, RuntimeGVisor)
+	}
+	if req.Backend != "" && req.Backend != BackendContainer {
+		return fmt.Errorf("runtime %s: backend %s has no runtimes to choose from (runtimes are the container backend's)", req.Runtime, req.Backend)
+	}
+	if req.Runtime == RuntimeGVisor && req.Network.Networked() {
+		return fmt.Errorf("runtime gvisor: network must be none (a gVisor sandbox has its own loopback only: the node cannot reach into its network stack)")
 	}
 	return nil
 }

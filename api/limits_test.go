@@ -39,3 +39,26 @@ func TestLimitsAtTheEdge(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckCreateRuntime: runc and gvisor, of the container backend; no
+// network for gvisor.
+func TestCheckCreateRuntime(t *testing.T) {
+	open := &api.NetworkPolicy{Mode: api.NetworkOpen}
+	for _, tc := range []struct {
+		req api.CreateSandboxRequest
+		err string // "" for none
+	}{
+		{api.CreateSandboxRequest{}, ""},
+		{api.CreateSandboxRequest{Runtime: api.RuntimeRunc, Network: open}, ""},
+		{api.CreateSandboxRequest{Runtime: api.RuntimeGVisor, Backend: api.BackendContainer}, ""},
+		{api.CreateSandboxRequest{Runtime: api.RuntimeGVisor, Network: &api.NetworkPolicy{Mode: api.NetworkNone}}, ""},
+		{api.CreateSandboxRequest{Runtime: "kata"}, `runtime "kata": want runc or gvisor`},
+		{api.CreateSandboxRequest{Runtime: api.RuntimeRunc, Backend: api.BackendVM}, "backend vm has no runtimes"},
+		{api.CreateSandboxRequest{Runtime: api.RuntimeGVisor, Network: open}, "network must be none"},
+	} {
+		err := api.CheckCreate(&tc.req)
+		if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("CheckCreate(runtime %q, backend %q, network %v) = %v, want %q", tc.req.Runtime, tc.req.Backend, tc.req.Network, err, tc.err)
+		}
+	}
+}

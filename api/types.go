@@ -24,6 +24,22 @@ const (
 	BackendVM        = "vm"
 )
 
+// Runtimes a container sandbox can run under (CreateSandboxRequest.Runtime).
+const (
+	// RuntimeRunc is the default: the host's kernel, behind namespaces,
+	// cgroups and seccomp.
+	RuntimeRunc = "runc"
+	// RuntimeGVisor is gVisor (runsc): the sandbox's system calls go to a
+	// kernel in user space, not to the host's. Its sandboxes have no
+	// network but their own loopback (a create must leave network none,
+	// and their ports cannot be reached from outside), and their memory
+	// and pids limits hold for the sandbox as a whole: one that goes over
+	// its memory limit is stopped whole. Exec, files, pause and snapshots
+	// work as with runc. Only nodes whose Node.Runtimes say it is
+	// available take such creates.
+	RuntimeGVisor = "gvisor"
+)
+
 // Resources a sandbox asks for. Zero values mean the server's defaults.
 type Resources struct {
 	// CPU in cores; 0.5 is half a core.
@@ -69,6 +85,11 @@ type CreateSandboxRequest struct {
 	TTLWhilePaused bool     `json:"ttl_while_paused,omitempty"`
 	// Network is the egress policy; nil or mode none: loopback only.
 	Network *NetworkPolicy `json:"network,omitempty"`
+	// Runtime is what runs a container sandbox: "" or RuntimeRunc (the
+	// default), or RuntimeGVisor. An unknown runtime, or one asked of a
+	// backend that has none, is refused (400); one that no node can run
+	// here answers CodeRuntimeUnavailable (503) saying why.
+	Runtime string `json:"runtime,omitempty"`
 	// NodeSelector restricts placement to nodes carrying every one of
 	// these labels with exactly that value (warren agent --label).
 	NodeSelector map[string]string `json:"node_selector,omitempty"`
@@ -141,10 +162,13 @@ const (
 
 // Sandbox is the API view of one sandbox.
 type Sandbox struct {
-	ID        string            `json:"id"`
-	Node      string            `json:"node"`
-	Project   string            `json:"project"` // "" is the root project
-	Backend   string            `json:"backend"`
+	ID      string `json:"id"`
+	Node    string `json:"node"`
+	Project string `json:"project"` // "" is the root project
+	Backend string `json:"backend"`
+	// Runtime is what runs it, for a backend with several (container:
+	// RuntimeRunc or RuntimeGVisor); absent for the others.
+	Runtime   string            `json:"runtime,omitempty"`
 	Image     string            `json:"image"` // the environment, "name@version"
 	State     string            `json:"state"`
 	Reason    string            `json:"reason,omitempty"` // why failed or lost
@@ -479,7 +503,13 @@ type Node struct {
 	Backends []string          `json:"backends"`
 	// Machines says, for each QEMU backend the node runs (microvm, vm),
 	// which accelerator its machines get (kvm or tcg) and why.
-	Machines  []NodeMachine `json:"machines,omitempty"`
+	Machines []NodeMachine `json:"machines,omitempty"`
+	// Runtimes are the runtimes of the node's backends that have several
+	// (CreateSandboxRequest.Runtime), the default first, each with
+	// whether the node can run it and why not; an unavailable one is
+	// also a line of Problems. Placement sends a create that names a
+	// runtime only to nodes where it is available.
+	Runtimes  []NodeRuntime `json:"runtimes,omitempty"`
 	Capacity  Capacity      `json:"capacity"`
 	Usage     Capacity      `json:"usage"`
 	Healthy   bool          `json:"healthy"`
@@ -514,6 +544,31 @@ type NodeMachine struct {
 	Accel string `json:"accel"`
 	// Reason says why (e.g. "/dev/kvm is served by kvm_pvm, ...").
 	Reason string `json:"reason,omitempty"`
+}
+
+// NodeRuntime is one entry of Node.Runtimes.
+type NodeRuntime struct {
+	Backend   string `json:"backend"`
+	Name      string `json:"name"` // RuntimeRunc, RuntimeGVisor
+	Available bool   `json:"available"`
+	// Reason says why it is not available (e.g. "runsc not found").
+	Reason string `json:"reason,omitempty"`
+}
+
+// RunsRuntime reports whether node n runs sandboxes of backend ("" for
+// any) under runtime, and if not why: the reason n gave, or "" when n
+// has no such runtime at all.
+func (n *Node) RunsRuntime(backend, runtime string) (bool, string) {
+	var why string
+	for _, r := range n.Runtimes {
+		if (backend == "" || r.Backend == backend) && r.Name == runtime {
+			if r.Available {
+				return true, ""
+			}
+			why = r.Reason
+		}
+	}
+	return false, why
 }
 
 // Accelerators of QEMU machines (NodeMachine.Accel).

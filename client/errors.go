@@ -198,6 +198,12 @@ func IsQuotaExceeded(err error) bool { return hasCode(err, api.CodeQuotaExceeded
 // creates-per-second limit; RetryAfter says when to try again.
 func IsRateLimited(err error) bool { return hasCode(err, api.CodeRateLimited) }
 
+// IsRuntimeUnavailable reports whether err says the runtime asked for
+// cannot run: a sandbox runtime (api.RuntimeGVisor) on no node that could
+// take the sandbox (the message says why, e.g. runsc missing), or an
+// FnCall runtime whose environment is missing.
+func IsRuntimeUnavailable(err error) bool { return hasCode(err, api.CodeRuntimeUnavailable) }
+
 // RetryAfter returns the wait the server asked for in err, or 0.
 func RetryAfter(err error) time.Duration {
 	var e *Error

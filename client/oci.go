@@ -18,6 +18,7 @@ import (
 const (
 	FormatDockerArchive = "docker-archive" // a `docker save` tarball
 	FormatOCILayout     = "oci-layout"     // an OCI image layout, sent as a tar
+	FormatQCOW2         = "qcow2"          // a disk image, for --backend vm
 )
 
 // ImportOptions adjusts an image import.
@@ -63,14 +64,14 @@ func (c *Client) ImportImage(ctx context.Context, format, name string, r io.Read
 // directory at path (see ImportImage); format says which.
 func (c *Client) ImportImageFromPath(ctx context.Context, format, path, name string, opts ImportOptions) (*api.Environment, error) {
 	switch format {
-	case FormatDockerArchive:
+	case FormatDockerArchive, FormatQCOW2:
 		f, err := os.Open(path)
 		if err != nil {
 			return nil, err
 		}
 		defer f.Close()
 		if fi, err := f.Stat(); err == nil && fi.IsDir() {
-			return nil, fmt.Errorf("%s is a directory: a docker-archive is a file (an OCI layout directory is %s)", path, FormatOCILayout)
+			return nil, fmt.Errorf("%s is a directory: a %s is a file (an OCI layout directory is %s)", path, format, FormatOCILayout)
 		}
 		return c.ImportImage(ctx, format, name, f, opts)
 	case FormatOCILayout:

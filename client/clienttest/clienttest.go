@@ -97,6 +97,8 @@ func NewServer(opts ...Option) *Server {
 	s.nodes = []api.Node{{
 		ID: "n1", Address: "127.0.0.1", Backends: []string{api.BackendContainer},
 		Capacity: api.Capacity{CPU: 2, Memory: 4 << 30, Sandboxes: 100}, Healthy: true,
+		Runtimes: []api.NodeRuntime{{Backend: api.BackendContainer, Name: api.RuntimeRunc, Available: true},
+			{Backend: api.BackendContainer, Name: api.RuntimeGVisor, Available: true}},
 	}}
 	s.srv = httptest.NewServer(http.HandlerFunc(s.serve))
 	s.URL = s.srv.URL
@@ -331,6 +333,9 @@ func (s *Server) add(req api.CreateSandboxRequest) api.Sandbox {
 	if req.Backend == "" {
 		req.Backend = api.BackendContainer
 	}
+	if req.Backend == api.BackendContainer && req.Runtime == "" {
+		req.Runtime = api.RuntimeRunc
+	}
 	if req.Resources.CPU == 0 {
 		req.Resources.CPU = 1
 	}
@@ -342,7 +347,7 @@ func (s *Server) add(req api.CreateSandboxRequest) api.Sandbox {
 	s.seq++
 	sb := &sandbox{
 		Sandbox: api.Sandbox{
-			ID: fmt.Sprintf("n1-%06d", s.seq), Node: "n1", Backend: req.Backend, Image: req.Image,
+			ID: fmt.Sprintf("n1-%06d", s.seq), Node: "n1", Backend: req.Backend, Runtime: req.Runtime, Image: req.Image,
 			State: api.StateRunning, Resources: req.Resources, Env: req.Env, Labels: req.Labels,
 			TTL: req.TTL, IdleTimeout: req.IdleTimeout, CreatedAt: now, LastUsedAt: now,
 		},

@@ -93,16 +93,26 @@ func newNodeLsCmd(a *app) *cobra.Command {
 	return c
 }
 
-// backendSummary lists the node's backends, each QEMU one with its
-// accelerator: "container,microvm(tcg)".
+// backendSummary lists the node's backends, each with the runtimes it
+// runs besides its default and each QEMU one with its accelerator:
+// "container+gvisor,microvm(tcg)". A runtime the node cannot run is left
+// out (its problem line says why).
 func backendSummary(n api.Node) string {
 	accel := map[string]string{}
 	for _, m := range n.Machines {
 		accel[m.Backend] = m.Accel
 	}
+	extra := map[string]string{}
+	seen := map[string]bool{}
+	for _, r := range n.Runtimes {
+		if seen[r.Backend] && r.Available { // the first is the default
+			extra[r.Backend] += "+" + r.Name
+		}
+		seen[r.Backend] = true
+	}
 	names := make([]string, len(n.Backends))
 	for i, b := range n.Backends {
-		names[i] = b
+		names[i] = b + extra[b]
 		if a := accel[b]; a != "" {
 			names[i] += "(" + a + ")"
 		}

@@ -310,6 +310,28 @@ func TestImageAndNodeLs(t *testing.T) {
 	}
 }
 
+// TestSandboxRuntime: --runtime reaches the create, sandbox get shows
+// it, and node ls shows the runtimes a node runs besides the default.
+func TestSandboxRuntime(t *testing.T) {
+	srv := newServer(t)
+	id := mustCreate(t, srv, "--runtime", "gvisor")
+	if sb, ok := srv.Sandbox(id); !ok || sb.Runtime != api.RuntimeGVisor {
+		t.Fatalf("server got %+v, want runtime gvisor", sb)
+	}
+	if r := cli(t, srv, nil, "", "sandbox", "get", id); r.code != 0 || !strings.Contains(r.stdout, "Runtime:") || !strings.Contains(r.stdout, "gvisor") {
+		t.Errorf("sandbox get: %+v", r)
+	}
+	r := cli(t, srv, nil, "", "node", "ls")
+	if lines := strings.Split(r.stdout, "\n"); r.code != 0 || len(lines) < 2 || strings.Fields(lines[1])[4] != "container+gvisor" {
+		t.Errorf("node ls: %+v, want BACKENDS container+gvisor", r)
+	}
+	n := api.Node{Backends: []string{"container", "microvm"}, Machines: []api.NodeMachine{{Backend: "microvm", Accel: api.AccelTCG}},
+		Runtimes: []api.NodeRuntime{{Backend: "container", Name: "runc", Available: true}, {Backend: "container", Name: "gvisor", Reason: "runsc not found"}}}
+	if got := backendSummary(n); got != "container,microvm(tcg)" {
+		t.Errorf("backends with gvisor unavailable: %q, want container,microvm(tcg)", got)
+	}
+}
+
 func TestSandboxCreateDisk(t *testing.T) {
 	srv := newServer(t)
 	id := mustCreate(t, srv, "--disk", "10Gi", "--disk-inodes", "5000")

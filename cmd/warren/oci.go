@@ -25,7 +25,7 @@ func newImageImportCmd(a *app) *cobra.Command {
 		quiet             bool
 	)
 	c := &cobra.Command{
-		Use:   "import docker-archive:FILE|oci-layout:DIR --name NAME[@VERSION]",
+		Use:   "import docker-archive:FILE|oci-layout:DIR|qcow2:FILE --name NAME[@VERSION]",
 		Short: "Import an OCI image as an environment",
 		Long: `Import an image from a docker-archive tarball (docker save, skopeo copy
 docker-archive:) or an OCI image layout directory. The server flattens the
@@ -35,9 +35,15 @@ NAME@VERSION with the image's env, working directory, user and entrypoint
 (+cmd). Without @VERSION the image's tag is the version, or else the first
 12 hex digits of its ID. Images with device nodes or paths escaping the root
 are refused. A plain path is taken as a layout if it is a directory and as a
-docker-archive otherwise.`,
+docker-archive otherwise.
+
+qcow2:FILE imports a whole disk image for the vm backend: one layer of kind
+disk (version 1 unless given), booted by its firmware with
+'sandbox create --backend vm --disk-image NAME@VERSION'. An image with a
+backing file or an external data file is refused.`,
 		Example: `  warren image import docker-archive:./app.tar --name app
-  warren image import oci-layout:./app-layout --name app@2 --ref 2.0`,
+  warren image import oci-layout:./app-layout --name app@2 --ref 2.0
+  warren image import qcow2:./desktop.qcow2 --name desktop`,
 		Args: exactArgs(1, "one source, docker-archive:FILE or oci-layout:DIR"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkOutput(output, outDefault, outJSON); err != nil {
@@ -89,7 +95,7 @@ docker-archive otherwise.`,
 // parseImageSource splits TRANSPORT:PATH; a bare path is a layout if it is
 // a directory, a docker-archive otherwise.
 func parseImageSource(src string) (format, path string, err error) {
-	for _, f := range []string{client.FormatDockerArchive, client.FormatOCILayout} {
+	for _, f := range []string{client.FormatDockerArchive, client.FormatOCILayout, client.FormatQCOW2} {
 		if p, ok := strings.CutPrefix(src, f+":"); ok {
 			if p == "" {
 				return "", "", usagef("%s: empty path", src)
@@ -98,7 +104,7 @@ func parseImageSource(src string) (format, path string, err error) {
 		}
 	}
 	if t, _, ok := strings.Cut(src, ":"); ok && !strings.ContainsAny(t, "/.") {
-		return "", "", usagef("unknown image source %q: want docker-archive:FILE or oci-layout:DIR", src)
+		return "", "", usagef("unknown image source %q: want docker-archive:FILE, oci-layout:DIR or qcow2:FILE", src)
 	}
 	fi, err := os.Stat(src)
 	if err != nil {

@@ -130,8 +130,9 @@ func newRootCmd(a *app) *cobra.Command {
 	root.AddCommand(layerCommands(a)...)
 	root.AddCommand(projectCommands(a)...)
 	root.AddCommand(newFnCmd(a))
-	root.AddCommand(newPortForwardCmd(a)) // portforward.go
-	root.AddCommand(newSnapshotCmd(a))    // snapshot.go
+	root.AddCommand(newPortForwardCmd(a))            // portforward.go
+	root.AddCommand(newSnapshotCmd(a))               // snapshot.go
+	root.AddCommand(newScreenCmd(a), newInputCmd(a)) // display.go
 	return root
 }
 

@@ -23,6 +23,7 @@ func newSandboxCreateCmd(a *app) *cobra.Command {
 		count            int
 		allOrNone, build bool
 		network          networkFlags
+		diskImage        string
 	)
 	c := &cobra.Command{
 		Use:   "create (--image ENV | --env ENV@VERSION | --layer LAYER...) [flags]",
@@ -40,6 +41,9 @@ value) and, when its value has an "@" and no "=", the environment to start from.
   warren sandbox create --image busybox --node-selector rack=r1 --pool cloud
   warren sandbox create --image swe@1 --allow pypi.org --allow '*.pythonhosted.org' --allow 198.51.100.0/24:443
   warren sandbox create --image web@1 --network open
+  warren sandbox create --image busybox --runtime gvisor  # gVisor's kernel in user space; no network
+  warren sandbox create --backend microvm --image swe-task-0042@1 --cpu 1 --memory 512Mi  # a QEMU machine of its own
+  warren sandbox create --backend vm --disk-image desktop@1 --memory 2Gi  # a whole machine with a screen
   id=$(warren sandbox create --image busybox)
   warren sandbox create --image busybox --count 16 --all-or-none   # a gang: 16 ids, or none`,
 		Args: noArgs,
@@ -59,6 +63,19 @@ value) and, when its value has an "@" and no "=", the environment to start from.
 				vars = append(vars, e)
 			}
 			env = vars
+			if diskImage != "" {
+				// A disk image boots whole on a vm.
+				if req.Image != "" || len(req.Layers) > 0 {
+					return usagef("give --disk-image or --image, not both")
+				}
+				if req.Backend == "" {
+					req.Backend = api.BackendVM
+				}
+				if req.Backend != api.BackendVM {
+					return usagef("--disk-image boots with --backend vm")
+				}
+				req.Image = diskImage
+			}
 			switch {
 			case req.Image == "" && len(req.Layers) == 0:
 				return usagef("--image is required (or --env NAME@VERSION, or --layer)")
@@ -132,8 +149,10 @@ value) and, when its value has an "@" and no "=", the environment to start from.
 	}
 	f := c.Flags()
 	f.StringVar(&req.Image, "image", "", "environment to start from: NAME (latest version) or NAME@VERSION")
+	f.StringVar(&diskImage, "disk-image", "", "a disk image imported with 'image import qcow2:FILE', booted whole (implies --backend vm)")
 	f.StringArrayVar(&req.Layers, "layer", nil, "layer NAME[@VERSION] to stack, bottom first (repeatable; instead of an environment)")
 	f.StringVar(&req.Backend, "backend", "", "backend: container, fncall, microvm or vm (server default: container)")
+	f.StringVar(&req.Runtime, "runtime", "", "container runtime: runc (default) or gvisor (a kernel in user space: no network, limits hold for the whole sandbox)")
 	f.StringVar(&req.Project, "project", "", "project to create it in and count it against (default: the token's own)")
 	f.StringVar(&req.IdempotencyKey, "idempotency-key", "", "retrying with the same key returns the same sandbox instead of a second one")
 	f.Float64Var(&req.Resources.CPU, "cpu", 0, "CPU cores, e.g. 0.5 (server default when 0)")
@@ -245,6 +264,9 @@ func newSandboxGetCmd(a *app) *cobra.Command {
 				row(tw, "Build:", "yes (hidden from runners)")
 			}
 			row(tw, "Backend:", sb.Backend)
+			if sb.Runtime != "" {
+				row(tw, "Runtime:", sb.Runtime)
+			}
 			row(tw, "Image:", sb.Image)
 			if len(sb.Layers) > 0 {
 				row(tw, "Layers:", strings.Join(sb.Layers, ", "))

@@ -93,6 +93,10 @@ var routeRules = map[string]rule{
 	// The journal holds what execs printed: the rights of reading files.
 	"GET /v1/sandboxes/{id}/journal": {action: iam.ActionSandboxFiles},
 	"POST /v1/sandboxes/{id}/resume": {action: iam.ActionSandboxLifecycle},
+	// A vm's screen shows what its files would: the rights of reading
+	// them; typing at it runs commands: the rights of exec.
+	"GET /v1/sandboxes/{id}/screen": {action: iam.ActionSandboxFiles},
+	"POST /v1/sandboxes/{id}/input": {action: iam.ActionSandboxExec},
 	// A snapshot publishes an environment: a builder's. (The node API's
 	// pack, its node half, is not listed: a root admin's, like any
 	// unlisted verb.)

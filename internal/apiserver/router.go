@@ -286,6 +286,11 @@ func (r *Router) Create(ctx context.Context, req api.CreateSandboxRequest) (api.
 		// Said here, as a node would: placement would only find no node.
 		return api.Sandbox{}, errdefs.Invalid("unknown backend %q", req.Backend)
 	}
+	if req.Runtime == api.RuntimeRunc {
+		// The default: every container node runs it, also one that
+		// predates runtimes (and would refuse the field).
+		req.Runtime = ""
+	}
 	var img *api.Image
 	if r.images != nil && (req.Image == "") != (len(req.Layers) == 0) {
 		// Exactly one of them: resolve here, once for every try. The node
@@ -310,7 +315,7 @@ func (r *Router) Create(ctx context.Context, req api.CreateSandboxRequest) (api.
 		res.Memory = r.cfg.Defaults.Memory
 	}
 	preq := placement.Request{Backend: req.Backend, Resources: placement.Demand(res), Labels: req.NodeSelector, Pool: req.Pool,
-		Disk: res.Disk > 0, DiskInodes: res.DiskInodes > 0, Network: req.Network.Networked()}
+		Disk: res.Disk > 0, DiskInodes: res.DiskInodes > 0, Network: req.Network.Networked(), Runtime: req.Runtime}
 	if preq.Backend == "" {
 		preq.Backend = api.BackendContainer
 	}

@@ -143,7 +143,7 @@ func (s *Server) forkSandbox(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	tmpl := api.CreateSandboxRequest{Backend: src.Backend, Image: snap.Ref, Resources: src.Resources,
+	tmpl := api.CreateSandboxRequest{Backend: src.Backend, Runtime: src.Runtime, Image: snap.Ref, Resources: src.Resources,
 		Labels: maps.Clone(src.Labels), TTL: src.TTL, IdleTimeout: src.IdleTimeout, Project: src.Project, Build: &src.Build,
 		AutoPause: src.AutoPause, TTLWhilePaused: src.TTLWhilePaused}
 	if tmpl.Labels == nil {

@@ -191,6 +191,8 @@ func (e *entry) view(maxMissed int) NodeView {
 		n.FnRuntimes = e.status.FnRuntimes
 		n.DiskQuota = e.status.DiskQuota
 		n.Network = e.status.Network
+		n.Runtimes = e.status.Runtimes
+		n.Machines = e.status.Machines
 		n.Security = e.status.Security
 		n.Snapshots = e.status.Snapshots
 		n.PauseReclaim = e.status.PauseReclaim

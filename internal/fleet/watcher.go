@@ -359,7 +359,7 @@ func (w *Watcher) poll(ctx context.Context, e *entry) {
 func shapeChanged(a, b NodeView) bool {
 	return a.Healthy != b.Healthy || a.Unreachable != b.Unreachable || a.Polled != b.Polled ||
 		a.Capacity != b.Capacity || !slices.Equal(a.Backends, b.Backends) || !slices.Equal(a.Problems, b.Problems) ||
-		a.DiskQuota != b.DiskQuota || a.Network != b.Network
+		a.DiskQuota != b.DiskQuota || a.Network != b.Network || !slices.Equal(a.Runtimes, b.Runtimes)
 }
 
 // checkReady closes Ready once every registered node has had a poll.

@@ -152,7 +152,7 @@ func kindOfCode(code string) error {
 		return errdefs.ErrConflict
 	case api.CodeExhausted, api.CodeNodeFull:
 		return errdefs.ErrExhausted
-	case api.CodeUnavailable, api.CodeBackendUnavailable:
+	case api.CodeUnavailable, api.CodeBackendUnavailable, api.CodeRuntimeUnavailable:
 		return errdefs.ErrUnavailable
 	case api.CodePortUnreachable:
 		return errdefs.ErrUnreachable

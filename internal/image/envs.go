@@ -147,6 +147,13 @@ func (r *Registry) planEnv(ctx context.Context, req api.CreateEnvironmentRequest
 	}
 	if req.Base != "" {
 		l, err := resolve(req.Base, api.LayerBase)
+		if d, derr := resolve(req.Base, api.LayerDisk); err != nil && derr == nil {
+			// A disk image boots alone: nothing stacks on it.
+			if req.Workspace != "" || len(req.Toolkits) > 0 || req.From != "" {
+				return env, errdefs.Invalid("environment %s: disk image %s takes no workspace, toolkits or from", env.Ref, d.Ref)
+			}
+			l, err = d, nil
+		}
 		if err != nil {
 			return env, err
 		}

@@ -106,10 +106,10 @@ func (m *Manifest) Validate() error {
 
 func validKind(k string) error {
 	switch k {
-	case api.LayerBase, api.LayerWorkspace, api.LayerToolkit, api.LayerDiff:
+	case api.LayerBase, api.LayerWorkspace, api.LayerToolkit, api.LayerDiff, api.LayerDisk:
 		return nil
 	}
-	return errdefs.Invalid("layer kind %q: want base, workspace, toolkit or diff", k)
+	return errdefs.Invalid("layer kind %q: want base, workspace, toolkit, diff or disk", k)
 }
 
 // ReadManifest fetches, verifies and validates the manifest with digest.

@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -106,8 +107,9 @@ type Config struct {
 type Agent struct {
 	cfg       Config
 	backends  map[string]backend.Backend
-	problems  []string // backends unavailable here, and why
-	disk      string   // api.Node.DiskQuota (disk.go)
+	problems  []string          // backends unavailable here, and why
+	runtimes  []api.NodeRuntime // of the backends with several (runtime.go)
+	disk      string            // api.Node.DiskQuota (disk.go)
 	security  *api.NodeSecurity
 	snapshots *api.NodeSnapshots // snapshot.go
 	pauses    bool               // a backend pauses (pause.go)
@@ -187,6 +189,11 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 			continue
 		}
 		a.backends[b.Name()] = b
+	}
+	rts, problems := nodeRuntimes(ctx, a.backends) // runtime.go
+	a.runtimes, a.problems = rts, append(a.problems, problems...)
+	for _, p := range problems {
+		a.log.Warn("sandbox runtime unavailable: creates asking for it are refused", "problem", p)
 	}
 	if cfg.Network == nil && cfg.NetworkProblem != "" {
 		a.problems = append(a.problems, "network: "+cfg.NetworkProblem)
@@ -355,6 +362,7 @@ func (a *Agent) Status() api.Node {
 		Network:   a.cfg.Network != nil,
 		Security:  a.security,
 		Snapshots: a.snapshots,
+		Runtimes:  slices.Clone(a.runtimes),
 	}
 	n.PauseReclaim = reclaim
 	for name, b := range a.backends {

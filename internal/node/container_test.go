@@ -11,10 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/backend/container"
 	"github.com/warrenhq/warren/internal/backend/fake"
+	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/image"
 	"github.com/warrenhq/warren/internal/image/imagetest"
 	"github.com/warrenhq/warren/internal/testutil"
@@ -163,5 +166,91 @@ func TestContainerStartSweepsUnrecorded(t *testing.T) {
 	res, err := a2.Exec(ctx, kept.ID, api.ExecRequest{Cmd: "echo alive"}, nil, nil)
 	if err != nil || strings.TrimSpace(res.Stdout) != "alive" {
 		t.Errorf("exec in the recorded sandbox after the sweep = %+v, %v", res, err)
+	}
+}
+
+// filePacker is a Packer that keeps one file of what it is given to pack.
+type filePacker struct {
+	name string
+	got  []byte
+	err  error
+}
+
+func (p *filePacker) Pack(_ context.Context, dir, parent string) (api.PackResult, error) {
+	p.got, p.err = os.ReadFile(filepath.Join(dir, p.name))
+	return api.PackResult{Digest: "sha256:packed", Parent: parent}, nil
+}
+
+// TestContainerGVisor: a sandbox created through the agent with runtime
+// gvisor runs on gVisor's kernel (its dmesg and kernel release say so),
+// execs, pauses, resumes and snapshots like any, is refused ports, and is
+// re-adopted under runsc by a restarted agent.
+func TestContainerGVisor(t *testing.T) {
+	ctx := context.Background()
+	n := newContainerNode(t)
+	packer := &filePacker{name: "snap-me"}
+	withPacker := func(c *Config) { c.Packer = packer }
+	a := n.start(withPacker)
+	st := a.Status()
+	if ok, why := st.RunsRuntime(api.BackendContainer, api.RuntimeGVisor); !ok {
+		testutil.Unavailable(t, "gVisor cannot run here: %s", why)
+	}
+	if ok, _ := st.RunsRuntime(api.BackendContainer, api.RuntimeRunc); !ok || st.Runtimes[0].Name != api.RuntimeRunc {
+		t.Errorf("status runtimes %+v: want runc first, available", st.Runtimes)
+	}
+
+	start := time.Now()
+	sb := mustCreate(t, a, api.CreateSandboxRequest{Runtime: api.RuntimeGVisor, Resources: api.Resources{PIDs: 64}})
+	t.Logf("gvisor sandbox created in %v", time.Since(start))
+	if sb.Runtime != api.RuntimeGVisor || sb.State != api.StateRunning {
+		t.Fatalf("created %+v: want running under gvisor", sb)
+	}
+	run := func(a *Agent, cmd string) string {
+		t.Helper()
+		res, err := a.Exec(ctx, sb.ID, api.ExecRequest{Cmd: cmd}, nil, nil)
+		if err != nil || res.ExitCode != 0 {
+			t.Fatalf("exec %q: %+v, %v", cmd, res, err)
+		}
+		return strings.TrimSpace(res.Stdout)
+	}
+	var host unix.Utsname
+	if err := unix.Uname(&host); err != nil {
+		t.Fatal(err)
+	}
+	uname, dmesg := run(a, "uname -a"), run(a, "dmesg")
+	t.Logf("uname -a: %s\ndmesg: %.200s", uname, dmesg)
+	if !strings.Contains(dmesg, "gVisor") {
+		t.Errorf("dmesg inside does not name gVisor: %q", dmesg)
+	}
+	if release := run(a, "uname -r"); release == unix.ByteSliceToString(host.Release[:]) {
+		t.Errorf("uname -r inside is the host's %q: not gVisor's kernel", release)
+	}
+
+	// Not the node's to reach: ports (nor, at create, a network).
+	if _, err := a.DialPort(ctx, sb.ID, 80); errdefs.Code(err) != api.CodeNotSupported {
+		t.Errorf("DialPort: %v, want not_supported", err)
+	}
+
+	run(a, "echo kept > /snap-me")
+	if p, err := a.Pause(ctx, sb.ID, "caller"); err != nil || p.State != api.StatePaused {
+		t.Fatalf("Pause: %+v, %v", p, err)
+	}
+	if _, err := a.Resume(ctx, sb.ID, "caller"); err != nil {
+		t.Fatalf("Resume: %v", err)
+	}
+	if _, err := a.Pack(ctx, sb.ID, api.PackRequest{}); err != nil || packer.err != nil || string(packer.got) != "kept\n" {
+		t.Errorf("snapshot: %v; packed /snap-me %q, %v; want %q", err, packer.got, packer.err, "kept\n")
+	}
+
+	a.Close()
+	a2 := n.start(withPacker)
+	if got, err := a2.Get(ctx, sb.ID); err != nil || got.State != api.StateRunning || got.Runtime != api.RuntimeGVisor {
+		t.Fatalf("after an agent restart: %+v, %v; want running under gvisor", got, err)
+	}
+	if got := run(a2, "cat /snap-me; dmesg | grep -c gVisor"); !strings.HasPrefix(got, "kept\n") {
+		t.Errorf("exec after an agent restart: %q", got)
+	}
+	if err := a2.Delete(ctx, sb.ID); err != nil {
+		t.Fatal(err)
 	}
 }

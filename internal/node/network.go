@@ -116,6 +116,9 @@ func (a *Agent) UpdateNetwork(ctx context.Context, id string, u api.NetworkUpdat
 	defer s.netMu.Unlock()
 	cur := policyOf(s.snapshot())
 	next, err := netpolicy.Update(cur, u)
+	if err == nil && next.Networked() {
+		err = s.ownNetwork("network") // runtime.go
+	}
 	if err == nil && next.Networked() && a.cfg.Network == nil {
 		err = a.noNetwork()
 	}

@@ -28,8 +28,14 @@ type PortDial func(ctx context.Context, port int) (net.Conn, error)
 // hold nothing of the call, so an HTTP transport may keep them between
 // calls. Errors: as every call's (404, 409, 400 not_supported); dial's, 400
 // for a port outside 1-65535 and 502 port_unreachable when nothing
-// accepts.
+// accepts. A gVisor sandbox's ports are out of the node's reach: 400
+// not_supported, before a paused one is resumed for nothing.
 func (a *Agent) Ports(ctx context.Context, id string) (dial PortDial, done func(error) error, err error) {
+	if s, err := a.lookup(id); err == nil {
+		if err := s.ownNetwork("ports"); err != nil { // runtime.go
+			return nil, nil, err
+		}
+	}
 	pd, _, done, err := call[backend.PortDialer](ctx, a, id, "ports")
 	if err != nil {
 		return nil, nil, err

@@ -16,6 +16,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/qemu"
 )
 
 // sandbox is the agent's live view of one sandbox.
@@ -220,6 +221,11 @@ func (a *Agent) createFrom(ctx context.Context, req api.CreateSandboxRequest, re
 		}
 		return api.Sandbox{}, errdefs.Invalid("unknown backend %q", req.Backend)
 	}
+	rt, specRT, err := a.runtime(b, req.Runtime) // runtime.go
+	if err != nil {
+		return api.Sandbox{}, err
+	}
+	req.Runtime = rt
 	if err := a.diskLimits(b, &req.Resources); err != nil {
 		return api.Sandbox{}, err
 	}
@@ -229,16 +235,13 @@ func (a *Agent) createFrom(ctx context.Context, req api.CreateSandboxRequest, re
 	var img api.Image
 	if resolved != nil {
 		img = *resolved
-	} else {
-		var err error
-		if img, err = a.resolve(ctx, req); err != nil {
-			return api.Sandbox{}, err
-		}
+	} else if img, err = a.resolve(ctx, req); err != nil {
+		return api.Sandbox{}, err
 	}
 	if err := a.admit(req.Resources); err != nil {
 		return api.Sandbox{}, err
 	}
-	sb, err := a.create(ctx, b, req, img)
+	sb, err := a.create(ctx, b, req, img, specRT)
 	a.mu.Lock()
 	a.inflight--
 	if err != nil {
@@ -272,12 +275,17 @@ func (a *Agent) knownBackend(name string) bool {
 	return false
 }
 
-func (a *Agent) create(ctx context.Context, b backend.Backend, req api.CreateSandboxRequest, img api.Image) (api.Sandbox, error) {
+// create makes the sandbox req asks for, req.Runtime being the runtime
+// it runs under and specRuntime its backend.Spec's.
+func (a *Agent) create(ctx context.Context, b backend.Backend, req api.CreateSandboxRequest, img api.Image, specRuntime string) (api.Sandbox, error) {
 	layers := make([]backend.Layer, 0, len(img.Layers))
 	for _, d := range img.Layers {
 		l, err := a.cfg.Layers.Fetch(ctx, d)
 		if err != nil {
 			return api.Sandbox{}, fmt.Errorf("image %s: layer %s: %w", img.Name, d, err)
+		}
+		if b.Name() != api.BackendVM && qemu.IsDiskImage(l.Path) {
+			return api.Sandbox{}, errdefs.Invalid("image %s is a disk image: it boots whole, with --backend vm", img.Name)
 		}
 		layers = append(layers, l)
 	}
@@ -295,6 +303,7 @@ func (a *Agent) create(ctx context.Context, b backend.Backend, req api.CreateSan
 		Project:        req.Project,
 		Build:          req.Build != nil && *req.Build,
 		Backend:        b.Name(),
+		Runtime:        req.Runtime,
 		Image:          img.Name,
 		State:          api.StateCreating,
 		Resources:      req.Resources,
@@ -324,6 +333,7 @@ func (a *Agent) create(ctx context.Context, b backend.Backend, req api.CreateSan
 			Disk:       int64(req.Resources.Disk),
 			DiskInodes: req.Resources.DiskInodes,
 		},
+		Runtime: specRuntime,
 	}
 	if a.cfg.Network != nil {
 		spec.DNS = []string{a.cfg.Network.DNS()}

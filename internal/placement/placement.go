@@ -1,9 +1,10 @@
 // Package placement chooses the node a sandbox goes to. It filters the
-// fleet (health, pool, backend, labels, headroom including in-flight
-// reservations), then ranks by power-of-k choices: sample k feasible nodes
-// uniformly and take the least loaded. Sampling keeps concurrent apiservers
-// from herding onto the one emptiest node, and k=2 already balances almost
-// as well as looking at every node (Mitzenmacher's "power of two choices").
+// fleet (health, pool, backend and its runtime, labels, disk quota,
+// network, headroom including in-flight reservations), then ranks by
+// power-of-k choices: sample k feasible nodes uniformly and take the
+// least loaded. Sampling keeps concurrent apiservers from herding onto
+// the one emptiest node, and k=2 already balances almost as well as
+// looking at every node (Mitzenmacher's "power of two choices").
 //
 // Burstable sandboxes spill from the home pool (on-prem) to the burst pool
 // (cloud) once the home pool's utilisation passes a threshold. A node may
@@ -109,6 +110,9 @@ type Request struct {
 	// Network: the sandbox has a network, so the node must give one
 	// (api.Node.Network).
 	Network bool
+	// Runtime: the sandbox names a runtime of its backend, so the node
+	// must list it available (api.Node.Runtimes); "" for the default.
+	Runtime string
 }
 
 // Demand returns the capacity a sandbox with resources r takes.
@@ -385,8 +389,10 @@ type search struct {
 type rejections struct {
 	pool                                    string
 	nodes, unhealthy, backend, labels, full int
-	disk                                    int // cannot enforce the disk limit
-	network                                 int // give sandboxes no network
+	disk                                    int    // cannot enforce the disk limit
+	network                                 int    // give sandboxes no network
+	runtime                                 int    // cannot run the runtime
+	runtimeWhy                              string // a node's reason, "node: reason"
 	refused                                 int
 	retryAfter                              time.Duration
 	// lack counts the nodes without a selector key; other counts those
@@ -440,6 +446,8 @@ func (s *search) feasible(i int) (float64, bool) {
 	case s.req.Network && !n.Network:
 		s.why.network++
 		return 0, false
+	case s.req.Runtime != "" && !s.runs(n):
+		return 0, false
 	case s.exclude[n.ID]:
 		s.why.refused++
 		return 0, false
@@ -458,6 +466,20 @@ func (s *search) feasible(i int) (float64, bool) {
 	}
 	u := api.Capacity{CPU: used.CPU + s.res.CPU, Memory: used.Memory + s.res.Memory, Sandboxes: used.Sandboxes + s.res.Sandboxes}
 	return Load(n.Capacity, u), true
+}
+
+// runs reports whether node n runs the request's runtime, counting it
+// (and its reason) among the rejections if not.
+func (s *search) runs(n *fleet.NodeView) bool {
+	ok, why := n.RunsRuntime(s.req.Backend, s.req.Runtime)
+	if ok {
+		return true
+	}
+	s.why.runtime++
+	if s.why.runtimeWhy == "" && why != "" { // a node without the runtime has no reason to give
+		s.why.runtimeWhy = n.ID + ": " + why
+	}
+	return false
 }
 
 func hasLabels(have, want map[string]string) bool {
@@ -558,6 +580,7 @@ func (s *search) err() error {
 		total.labels += r.labels
 		total.disk += r.disk
 		total.network += r.network
+		total.runtime += r.runtime
 		total.full += r.full
 		total.refused += r.refused
 		if r.retryAfter > 0 && (total.retryAfter == 0 || r.retryAfter < total.retryAfter) {
@@ -571,7 +594,7 @@ func (s *search) err() error {
 	switch {
 	case total.nodes == 0 && s.req.Pool != "":
 		msg = fmt.Sprintf("no node matches pool %s (%s)", s.req.Pool, strings.Join(parts, "; "))
-	case total.labels > 0 && total.full == 0 && total.refused == 0 && total.disk == 0 && total.network == 0:
+	case total.labels > 0 && total.full == 0 && total.refused == 0 && total.disk == 0 && total.network == 0 && total.runtime == 0:
 		msg = fmt.Sprintf("no node matches node_selector %s (%s)", selectorString(s.selector, s.req.Labels), strings.Join(parts, "; "))
 		if s.req.Pool != "" {
 			msg = fmt.Sprintf("no node in pool %s matches node_selector %s (%s)", s.req.Pool, selectorString(s.selector, s.req.Labels), strings.Join(parts, "; "))
@@ -588,6 +611,9 @@ func (s *search) err() error {
 		return errdefs.New(errdefs.ErrUnavailable, api.CodeDiskQuotaUnsupported, "%s", msg)
 	case total.network > 0:
 		return errdefs.New(errdefs.ErrUnavailable, api.CodeNetworkUnavailable, "%s", msg)
+	case total.runtime > 0:
+		// The nodes that match otherwise cannot run the runtime.
+		return errdefs.New(errdefs.ErrUnavailable, api.CodeRuntimeUnavailable, "%s", msg)
 	default:
 		return errdefs.New(errdefs.ErrUnavailable, api.CodeNoMatchingNode, "%s", msg)
 	}
@@ -614,12 +640,23 @@ func (r rejections) String(req Request) string {
 		{r.labels, r.labelMisses()},
 		{r.disk, diskWhat(req)},
 		{r.network, "without a sandbox network"},
+		{r.runtime, r.runtimeWhat(req)},
 		{r.refused, "refusing creates"},
 		{r.full, "without room"},
 	} {
 		if c.n > 0 {
 			s += fmt.Sprintf(", %d %s", c.n, c.what)
 		}
+	}
+	return s
+}
+
+// runtimeWhat says how nodes fail the request's runtime, with one's
+// reason: "without runtime gvisor (n1: runsc not found)".
+func (r rejections) runtimeWhat(req Request) string {
+	s := "without runtime " + req.Runtime
+	if r.runtimeWhy != "" {
+		s += " (" + r.runtimeWhy + ")"
 	}
 	return s
 }

@@ -601,3 +601,52 @@ func TestConstraints(t *testing.T) {
 		}
 	}
 }
+
+// TestRuntimeFilter: a create that names a runtime goes only to nodes
+// that list it available for its backend; when none does, the answer is
+// 503 runtime_unavailable with a node's reason.
+func TestRuntimeFilter(t *testing.T) {
+	runtimes := func(gvisor bool, why string) func(n *api.Node) {
+		return func(n *api.Node) {
+			n.Runtimes = []api.NodeRuntime{{Backend: api.BackendContainer, Name: api.RuntimeRunc, Available: true},
+				{Backend: api.BackendContainer, Name: api.RuntimeGVisor, Available: gvisor, Reason: why}}
+		}
+	}
+	f := fleet.NewStatic(
+		node("gv", runtimes(true, "")),
+		node("nogv", runtimes(false, "runsc not found")),
+		node("old", nil), // predates runtimes
+	)
+	bare := fleet.NewStatic(node("nogv", runtimes(false, "runsc not found")), node("old", nil))
+	res := api.Capacity{CPU: 1, Memory: 1 << 30}
+	for _, tt := range []struct {
+		name  string
+		fleet placement.Fleet
+		req   placement.Request
+		want  string // chosen nodes, or an error code
+	}{
+		{"default runtime: any node", f, placement.Request{Backend: api.BackendContainer, Resources: res}, "[gv nogv old]"},
+		{"gvisor: nodes that run it", f, placement.Request{Backend: api.BackendContainer, Resources: res, Runtime: api.RuntimeGVisor}, "[gv]"},
+		{"runc named: nodes that list it", f, placement.Request{Backend: api.BackendContainer, Resources: res, Runtime: api.RuntimeRunc}, "[gv nogv]"},
+		{"gvisor of another backend", f, placement.Request{Backend: api.BackendMicroVM, Resources: res, Runtime: api.RuntimeGVisor}, api.CodeNoMatchingNode},
+		{"no node runs gvisor", bare, placement.Request{Backend: api.BackendContainer, Resources: res, Runtime: api.RuntimeGVisor}, api.CodeRuntimeUnavailable},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newPlacer(t, placement.Config{Fleet: tt.fleet, Strategy: placement.Random})
+			got, err := chosen(t, p, tt.req, 200)
+			if strings.HasPrefix(tt.want, "[") {
+				if err != nil || fmt.Sprint(got) != tt.want {
+					t.Fatalf("got %v, %v; want %s", got, err, tt.want)
+				}
+				return
+			}
+			if !errors.Is(err, errdefs.ErrUnavailable) || errdefs.Code(err) != tt.want {
+				t.Fatalf("got %v, %v (code %q); want ErrUnavailable %s", got, err, errdefs.Code(err), tt.want)
+			}
+			if tt.want == api.CodeRuntimeUnavailable && !strings.Contains(err.Error(), "2 without runtime gvisor (nogv: runsc not found)") {
+				t.Errorf("error %q does not say which nodes lack gvisor and why", err)
+			}
+			t.Logf("error: %v", err)
+		})
+	}
+}

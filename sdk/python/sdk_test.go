@@ -10,13 +10,18 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/apiserver"
+	"github.com/warrenhq/warren/internal/backend"
+	"github.com/warrenhq/warren/internal/backend/fake"
 	"github.com/warrenhq/warren/internal/fncall/fncalltest"
 	"github.com/warrenhq/warren/internal/iam"
 	"github.com/warrenhq/warren/internal/image/imagetest"
+	"github.com/warrenhq/warren/internal/node"
 	"github.com/warrenhq/warren/internal/node/nodetest"
 	"github.com/warrenhq/warren/internal/store"
 	"github.com/warrenhq/warren/internal/testutil"
@@ -34,7 +39,15 @@ func TestPythonSDK(t *testing.T) {
 	if _, err := m.EnsureAdmin(ctx, rootSecret); err != nil {
 		t.Fatal(err)
 	}
-	agent := nodetest.New(t, nil)
+	// The fake stands in for a container backend that runs gVisor too.
+	agent := nodetest.New(t, func(c *node.Config) {
+		b, err := fake.New(filepath.Join(t.TempDir(), "fake"), fake.Options{Name: api.BackendContainer,
+			Runtimes: []string{api.RuntimeRunc, api.RuntimeGVisor}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Backends = []backend.Backend{b}
+	})
 	go usage.Follow(ctx, agent, 50*time.Millisecond)
 	srv := httptest.NewServer(apiserver.New(apiserver.Config{
 		Node: agent, Images: imagetest.Busybox, Usage: usage, Fn: fncalltest.New("python3", "cpp"),

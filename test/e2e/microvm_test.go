@@ -27,10 +27,16 @@ func TestUpMicroVM(t *testing.T) {
 	var nodes api.NodeList
 	mustJSON(t, c.MustRun("node", "ls", "-o", "json"), &nodes)
 	n := nodes.Nodes[0]
-	if len(n.Machines) != 1 || n.Machines[0].Backend != "microvm" || n.Machines[0].Accel == "" {
+	var accel string
+	for _, m := range n.Machines {
+		if m.Backend == "microvm" {
+			accel = m.Accel
+		}
+	}
+	if accel != "kvm" && accel != "tcg" {
 		t.Fatalf("node ls: backends %v, machines %+v, problems %v", n.Backends, n.Machines, n.Problems)
 	}
-	if out := c.MustRun("node", "ls"); !strings.Contains(out, "microvm("+n.Machines[0].Accel+")") {
+	if out := c.MustRun("node", "ls"); !strings.Contains(out, "microvm("+accel+")") {
 		t.Errorf("node ls does not name the accelerator:\n%s", out)
 	}
 

@@ -126,7 +126,7 @@ func (m *MicroVM) Create(ctx context.Context, spec backend.Spec) (err error) {
 		if _, err := os.Stat(l.Path); err != nil {
 			return errdefs.Invalid("sandbox %s: layer %s: %v", id, l.Digest, err)
 		}
-		if m.kind == KindMicroVM && isDiskImage(l.Path) {
+		if m.kind == KindMicroVM && qemu.IsDiskImage(l.Path) {
 			return errdefs.Invalid("sandbox %s: layer %s is a disk image: it boots with --backend vm", id, l.Digest)
 		}
 		if m.dax {

@@ -47,17 +47,6 @@ func (m *MicroVM) pmemFile(l backend.Layer) error {
 	return os.Rename(copyPath, path) // a racing create made the same file
 }
 
-// isDiskImage says whether the file at path is a qcow2 disk image.
-func isDiskImage(path string) bool {
-	f, err := os.Open(path)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	b := make([]byte, len(qcow2Magic))
-	_, err = f.ReadAt(b, 0)
-	return err == nil && string(b) == string(qcow2Magic)
-}
 
 // copyFile copies src to dst (a clone where the filesystem can).
 func copyFile(src, dst string) (bool, error) {

@@ -1,9 +1,7 @@
 package microvm
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"image"
@@ -58,54 +56,6 @@ func (m *MicroVM) prepareVM() error {
 	return nil
 }
 
-// qcow2Magic starts every qcow2 file.
-var qcow2Magic = []byte("QFI\xfb")
-
-// CheckDiskImage checks that path is a qcow2 disk image that stands
-// alone: no backing file and no external data file, either of which
-// would make QEMU open a file the image names (any file of the host).
-// ErrInvalid otherwise.
-func CheckDiskImage(ctx context.Context, path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	magic := make([]byte, 4)
-	_, err = f.ReadAt(magic, 0)
-	f.Close()
-	if err != nil || !bytes.Equal(magic, qcow2Magic) {
-		return errdefs.Invalid("not a qcow2 disk image")
-	}
-	out, err := exec.CommandContext(ctx, "qemu-img", "info", "--output=json", "-f", "qcow2", path).Output()
-	if err != nil {
-		return errdefs.Invalid("qemu-img info: %v", err)
-	}
-	var info struct {
-		Format          string `json:"format"`
-		VirtualSize     int64  `json:"virtual-size"`
-		BackingFilename string `json:"backing-filename"`
-		FormatSpecific  struct {
-			Data struct {
-				DataFile string `json:"data-file"`
-			} `json:"data"`
-		} `json:"format-specific"`
-	}
-	if err := json.Unmarshal(out, &info); err != nil {
-		return errdefs.Invalid("qemu-img info: %v", err)
-	}
-	switch {
-	case info.Format != "qcow2":
-		return errdefs.Invalid("disk image format %q, want qcow2", info.Format)
-	case info.BackingFilename != "":
-		return errdefs.Invalid("disk image has a backing file (%s): import a standalone image (qemu-img convert -O qcow2)", info.BackingFilename)
-	case info.FormatSpecific.Data.DataFile != "":
-		return errdefs.Invalid("disk image has an external data file (%s)", info.FormatSpecific.Data.DataFile)
-	case info.VirtualSize <= 0:
-		return errdefs.Invalid("disk image of virtual size %d", info.VirtualSize)
-	}
-	return nil
-}
-
 // createVM makes a vm sandbox's disk: the imported image kept alive by a
 // hard link in the sandbox's directory, and an overlay over it.
 func (m *MicroVM) createVM(ctx context.Context, s *sandbox) error {
@@ -113,7 +63,10 @@ func (m *MicroVM) createVM(ctx context.Context, s *sandbox) error {
 		return errdefs.Invalid("sandbox %s: a vm boots one disk image, got %d layers", s.spec.ID, len(s.spec.Layers))
 	}
 	src := s.spec.Layers[0].Path
-	if err := CheckDiskImage(ctx, src); err != nil {
+	if err := qemu.CheckDiskImage(ctx, src); err != nil {
+		if errors.Is(err, qemu.ErrBadDisk) {
+			return errdefs.Invalid("sandbox %s: image: %v", s.spec.ID, err)
+		}
 		return fmt.Errorf("sandbox %s: image: %w", s.spec.ID, err)
 	}
 	base := filepath.Join(s.dir, baseFile)

@@ -13,6 +13,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/image"
+	"github.com/warrenhq/warren/internal/qemu"
 )
 
 // Store is what import needs of the layer and environment registry
@@ -25,6 +26,9 @@ type Store interface {
 	CreateEnv(ctx context.Context, req api.CreateEnvironmentRequest) (api.Environment, error)
 	// GetEnv returns the environment ref names; ErrNotFound if none.
 	GetEnv(ctx context.Context, ref string) (api.Environment, error)
+	// PublishLayer publishes the file as a layer. ErrConflict if it
+	// exists.
+	PublishLayer(ctx context.Context, spec image.LayerSpec, file string) (api.Layer, error)
 }
 
 var _ Store = (*image.Registry)(nil)
@@ -78,6 +82,8 @@ func (im *Importer) Import(ctx context.Context, req ImportRequest, body io.Reade
 
 	var img *Image
 	switch req.Format {
+	case FormatQCOW2:
+		return im.importDisk(ctx, name, version, work, body)
 	case FormatDockerArchive:
 		file := filepath.Join(work, "archive.tar")
 		if err := im.save(body, file); err != nil {
@@ -94,7 +100,7 @@ func (im *Importer) Import(ctx context.Context, req ImportRequest, body io.Reade
 		}
 		img, err = OpenLayout(dir, req.Ref, im.Limits)
 	default:
-		return api.Environment{}, errdefs.Invalid("import format %q: want %s or %s", req.Format, FormatDockerArchive, FormatOCILayout)
+		return api.Environment{}, errdefs.Invalid("import format %q: want %s, %s or %s", req.Format, FormatDockerArchive, FormatOCILayout, FormatQCOW2)
 	}
 	if err != nil {
 		return api.Environment{}, err
@@ -193,6 +199,39 @@ func (im *Importer) publish(ctx context.Context, img *Image, name, version, work
 		User:       c.User,
 		Entrypoint: append(append([]string(nil), c.Entrypoint...), c.Cmd...),
 	})
+	if err != nil {
+		return api.Environment{}, fmt.Errorf("import %s: %w", ref, err)
+	}
+	return env, nil
+}
+
+// importDisk makes environment name@version (version default "1") from
+// a qcow2 disk image: one layer of kind disk, which boots with --backend
+// vm. The image must stand alone (qemu.CheckDiskImage: no backing or
+// external data file, which would name files of the node).
+func (im *Importer) importDisk(ctx context.Context, name, version, work string, body io.Reader) (api.Environment, error) {
+	if version == "" {
+		version = "1"
+	}
+	ref := name + "@" + version
+	file := filepath.Join(work, "disk.qcow2")
+	if err := im.save(body, file); err != nil {
+		return api.Environment{}, err
+	}
+	if err := qemu.CheckDiskImage(ctx, file); err != nil {
+		if errors.Is(err, qemu.ErrBadDisk) {
+			return api.Environment{}, errdefs.New(errdefs.ErrInvalid, "invalid_image", "import %s: %v", ref, err)
+		}
+		return api.Environment{}, fmt.Errorf("import %s: %w", ref, err)
+	}
+	if _, err := im.Store.GetEnv(ctx, ref); err == nil {
+		return api.Environment{}, errdefs.New(errdefs.ErrConflict, api.CodeEnvExists, "environment %s already exists", ref)
+	}
+	layer, err := im.Store.PublishLayer(ctx, image.LayerSpec{Name: name, Version: version, Kind: api.LayerDisk}, file)
+	if err != nil {
+		return api.Environment{}, fmt.Errorf("import %s: %w", ref, err)
+	}
+	env, err := im.Store.CreateEnv(ctx, api.CreateEnvironmentRequest{Name: name, Version: version, Base: layer.Ref})
 	if err != nil {
 		return api.Environment{}, fmt.Errorf("import %s: %w", ref, err)
 	}

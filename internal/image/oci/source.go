@@ -26,6 +26,7 @@ import (
 const (
 	FormatDockerArchive = "docker-archive" // `docker save` tarball
 	FormatOCILayout     = "oci-layout"     // OCI image layout (a directory, or a tar of one)
+	FormatQCOW2         = "qcow2"          // a whole disk image, for the vm backend
 )
 
 // refAnnotation names an image in an OCI layout's index.

@@ -70,6 +70,8 @@ type Agent interface {
 	Resume(ctx context.Context, id, by string) (api.Sandbox, error)
 	Update(ctx context.Context, id string, u api.SandboxUpdate) (api.Sandbox, error)
 	Journal(ctx context.Context, id string, since int64) (api.Journal, error)
+	Screen(ctx context.Context, id string) ([]byte, error)
+	Input(ctx context.Context, id string, req api.InputRequest) error
 	UpdateNetwork(ctx context.Context, id string, u api.NetworkUpdate) (api.SandboxNetwork, error)
 	// Ports and DialPort reach a sandbox's ports (ports.go).
 	Ports(ctx context.Context, id string) (dial node.PortDial, done func(error) error, err error)
@@ -161,6 +163,8 @@ func (s *Server) routes() {
 	s.mux.Handle("PATCH /v1/sandboxes/{id}/network", h(s.network))
 	s.mux.Handle("PATCH /v1/sandboxes/{id}", h(s.update))
 	s.mux.Handle("GET /v1/sandboxes/{id}/journal", h(s.journal))
+	s.mux.Handle("GET /v1/sandboxes/{id}/screen", h(s.screen))
+	s.mux.Handle("POST /v1/sandboxes/{id}/input", h(s.input))
 	s.mux.Handle("POST /v1/sandboxes/{id}/pause", h(s.pause))
 	s.mux.Handle("POST /v1/sandboxes/{id}/resume", h(s.pause))
 	s.portRoutes() // ports.go
@@ -458,6 +462,31 @@ func (s *Server) journal(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	return httperr.WriteJSON(w, http.StatusOK, j)
+}
+
+// screen: GET /v1/sandboxes/{id}/screen answers image/png.
+func (s *Server) screen(w http.ResponseWriter, r *http.Request) error {
+	b, err := s.agent.Screen(r.Context(), r.PathValue("id"))
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "image/png")
+	w.WriteHeader(http.StatusOK)
+	_, err = w.Write(b)
+	return err
+}
+
+// input: POST /v1/sandboxes/{id}/input with an api.InputRequest; 204.
+func (s *Server) input(w http.ResponseWriter, r *http.Request) error {
+	var req api.InputRequest
+	if err := httperr.DecodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	if err := s.agent.Input(r.Context(), r.PathValue("id"), req); err != nil {
+		return err
+	}
+	w.WriteHeader(http.StatusNoContent)
+	return nil
 }
 
 func (s *Server) update(w http.ResponseWriter, r *http.Request) error {

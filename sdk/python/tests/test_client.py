@@ -180,6 +180,26 @@ class ClientTest(unittest.TestCase):
                 c.create_sandboxes(2, "busybox", all_or_none=False, **kw)
             self.assertEqual(cm.exception.code, "no_matching_node")
 
+    def test_runtime(self):
+        with self.assertRaises(WarrenError) as cm:
+            self.c.create_sandbox("busybox", runtime="kata")
+        self.assertEqual((cm.exception.status, cm.exception.code), (400, "invalid_argument"))
+        with self.assertRaises(WarrenError) as cm:
+            self.c.create_sandbox("busybox", runtime="gvisor", network={"mode": "open"})
+        self.assertEqual(cm.exception.status, 400)
+        if not any(r["name"] == "gvisor" and r["available"] for n in self.c.list_nodes() for r in n.get("runtimes", [])):
+            self.skipTest("no node runs gVisor")
+        sb = self.c.create_sandbox("busybox", runtime="gvisor")
+        try:
+            self.assertEqual(sb["runtime"], "gvisor")
+            self.assertEqual(self.c.get_sandbox(sb["id"])["runtime"], "gvisor")
+            gang = self.c.create_sandboxes(2, "busybox", runtime="gvisor")
+            self.assertEqual([m["runtime"] for m in gang["sandboxes"]], ["gvisor", "gvisor"])
+            for m in gang["sandboxes"]:
+                self.c.delete_sandbox(m["id"])
+        finally:
+            self.c.delete_sandbox(sb["id"])
+
     def test_limits(self):
         with self.assertRaises(WarrenError) as cm:
             self.c.exec(self.sb["id"], ["true"], max_output="1Gi")

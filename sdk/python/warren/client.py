@@ -95,7 +95,7 @@ _CODE_STATUS = {
                      "sandbox_gone"), 409),
     **dict.fromkeys(("resource_exhausted", "node_full", "quota_exceeded", "rate_limited"), 429),
     "internal": 500,
-    **dict.fromkeys(("unavailable", "backend_unavailable", "sandbox_lost", "node_unreachable"), 503),
+    **dict.fromkeys(("unavailable", "backend_unavailable", "runtime_unavailable", "sandbox_lost", "node_unreachable"), 503),
     "port_unreachable": 502,
 }
 
@@ -261,10 +261,12 @@ class Client:
     @staticmethod
     def _create_body(image: str, backend: str, cpu: float, memory: Any, pids: int, ttl: Any, idle_timeout: Any,
                      labels: Optional[Dict[str, str]], env: Optional[Dict[str, str]], extra: Dict[str, Any],
-                     node_selector: Optional[Dict[str, str]] = None, pool: str = ""):
+                     node_selector: Optional[Dict[str, str]] = None, pool: str = "", runtime: str = ""):
         body: Dict[str, Any] = {"image": image}
         if backend:
             body["backend"] = backend
+        if runtime:
+            body["runtime"] = runtime
         res = {k: v for k, v in (("cpu", cpu), ("memory", memory), ("pids", pids)) if v}
         if res:
             body["resources"] = res
@@ -288,7 +290,7 @@ class Client:
     def create_sandbox(self, image: str, *, backend: str = "", cpu: float = 0, memory: Any = 0, pids: int = 0,
                        ttl: Any = None, idle_timeout: Any = None, labels: Optional[Dict[str, str]] = None,
                        env: Optional[Dict[str, str]] = None, node_selector: Optional[Dict[str, str]] = None,
-                       pool: str = "", **extra: Any) -> Dict[str, Any]:
+                       pool: str = "", runtime: str = "", **extra: Any) -> Dict[str, Any]:
         """Create and start a sandbox. Retries 429/503 refusals after their Retry-After.
 
         network={"allow": ["pypi.org", "*.pythonhosted.org", "198.51.100.0/24:443"]}
@@ -299,11 +301,16 @@ class Client:
         node_selector={"rack": "r1"} places it only on nodes with every one of
         those labels (warren agent --label), pool="cloud" only in that node
         pool; when no node matches, the answer is 503 no_matching_node.
+        runtime="gvisor" runs a container sandbox under gVisor, a kernel in
+        user space (stronger isolation; no network, so network must stay
+        none; memory and pids limits hold for the whole sandbox); only nodes
+        that run gVisor take it, else 503 runtime_unavailable says why.
+        The default, runtime="" or "runc", is the host's kernel.
         extra goes into the request as is: project="research/rl-math",
         idempotency_key="rollout-17" (replays return the same sandbox), layers=[...].
         """
         body = self._create_body(image, backend, cpu, memory, pids, ttl, idle_timeout, labels, env, extra,
-                                 node_selector, pool)
+                                 node_selector, pool, runtime)
         return self._retrying("/v1/sandboxes", body)
 
     def create_sandboxes(self, count: int, image: str, *, all_or_none: bool = True, **template: Any) -> Dict[str, Any]:
@@ -315,7 +322,7 @@ class Client:
         """
         kw = {k: template.pop(k, d) for k, d in (("backend", ""), ("cpu", 0), ("memory", 0), ("pids", 0),
                                                 ("ttl", None), ("idle_timeout", None), ("labels", None), ("env", None),
-                                                ("node_selector", None), ("pool", ""))}
+                                                ("node_selector", None), ("pool", ""), ("runtime", ""))}
         body = {"count": count, "template": self._create_body(image, extra=template, **kw), "all_or_none": all_or_none}
         if all_or_none:
             return self._retrying("/v1/sandboxes:batch", body)
