@@ -141,12 +141,6 @@ func Helpers(t testing.TB) string {
 	if helpers.err != nil {
 		t.Fatalf("build warren's helpers: %v", helpers.err)
 	}
-	// warren-guest from these sources, first in PATH (the cached
-	// directory's may be of other sources).
-	guest := filepath.Dir(GuestAgent(t))
-	if !strings.HasPrefix(os.Getenv("PATH"), guest+string(os.PathListSeparator)) {
-		os.Setenv("PATH", guest+string(os.PathListSeparator)+os.Getenv("PATH"))
-	}
 	return helpers.dir
 }
 
@@ -227,7 +221,9 @@ const VMDiskEnv = "WARREN_VM_DISK"
 const GuestKernelEnv = "WARREN_GUEST_KERNEL"
 
 // GuestAgent builds warren-guest (guest/agent, static) once per test
-// process and returns its path.
+// process from these sources, puts its directory first in PATH (where
+// hostbin.Find looks, in this process and the ones it starts: a cached
+// helpers directory's may be of other sources) and returns its path.
 func GuestAgent(t testing.TB) string {
 	t.Helper()
 	guestAgent.once.Do(func() {
@@ -257,6 +253,10 @@ func GuestAgent(t testing.TB) string {
 	})
 	if guestAgent.err != nil {
 		t.Fatalf("build warren-guest: %v", guestAgent.err)
+	}
+	dir := filepath.Dir(guestAgent.path)
+	if !strings.HasPrefix(os.Getenv("PATH"), dir+string(os.PathListSeparator)) {
+		os.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
 	}
 	return guestAgent.path
 }

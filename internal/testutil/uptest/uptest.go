@@ -24,6 +24,7 @@ import (
 func Bin(t *testing.T, tags ...string) string {
 	t.Helper()
 	testutil.Helpers(t)
+	testutil.GuestAgent(t) // for microVMs
 	bin := filepath.Join(t.TempDir(), "warren")
 	cmd := exec.Command("go", "build", "-tags", strings.Join(tags, ","), "-o", bin, "github.com/warrenhq/warren/cmd/warren")
 	if out, err := cmd.CombinedOutput(); err != nil {
