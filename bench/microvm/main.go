@@ -17,14 +17,21 @@
 //     together;
 //   - idle memory: after -idle with all -n running and idle, host memory
 //     used (MemTotal - MemAvailable) against a reading before the
-//     creates, divided by -n; and the PSS (smaps_rollup) of the sandboxes'
-//     host processes (a microVM's QEMU; a container's processes in its
-//     cgroup), summed and divided by -n;
+//     creates (once what the previous peer freed has settled); the PSS
+//     (smaps_rollup) of the sandboxes' host processes (a microVM's QEMU;
+//     a container's processes in its cgroup); and the memory charged to
+//     their host cgroups: each summed and divided by -n. For microVMs,
+//     the QEMUs' PSS by mapping (guest RAM, TCG's translation cache, the
+//     rest) and one guest's own /proc/meminfo say where it goes;
 //   - exec round trip: -execs sequential `true` in one of them.
 //
-// The sandboxes are then removed, untimed. The accelerator the microVMs
-// ran on is printed: under TCG (QEMU's emulator, where /dev/kvm cannot
-// boot a stock kernel) the figures are a record, not a target.
+// The sandboxes are then removed, untimed; at the end (or on a failure or
+// a signal) warren up ends its sandboxes and benchup.Reap removes any
+// QEMU, cgroup or mount of the run that is left. The accelerator the
+// microVMs ran on is printed: under TCG (QEMU's emulator, where /dev/kvm
+// cannot boot a stock kernel) the figures are a record, not a target.
+// Used moves with anything else on the host: the output warns when other
+// QEMU processes ran during a round.
 package main
 
 import (
