@@ -112,7 +112,7 @@ func (a *agent) exec(ctx context.Context, req proto.ExecRequest, stdin io.Reader
 			return res, errdefs.Invalid("user %q: %v", req.User, err)
 		}
 	}
-	l.Env = execEnv(start.Env, req.Env, l.UID)
+	l.Env = backend.ExecEnv(start.Env, req.Env, l.UID)
 	l.Cwd = req.Cwd
 	if l.Cwd == "" {
 		l.Cwd = start.Workdir
@@ -208,33 +208,6 @@ func userDB() string {
 		}
 	}
 	return rootDir
-}
-
-// execEnv is base, then extra, later keys winning, with PATH and HOME
-// defaulted (as the container backend does).
-func execEnv(base, extra []string, uid uint32) []string {
-	idx := map[string]int{}
-	var env []string
-	for _, kv := range append(append([]string(nil), base...), extra...) {
-		k, _, _ := strings.Cut(kv, "=")
-		if i, ok := idx[k]; ok {
-			env[i] = kv
-			continue
-		}
-		idx[k] = len(env)
-		env = append(env, kv)
-	}
-	if _, ok := idx["PATH"]; !ok {
-		env = append(env, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-	}
-	if _, ok := idx["HOME"]; !ok {
-		if uid == 0 {
-			env = append(env, "HOME=/root")
-		} else {
-			env = append(env, "HOME=/")
-		}
-	}
-	return env
 }
 
 // launched is one running exec.

@@ -21,6 +21,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/warrenhq/warren/internal/errdefs"
@@ -358,4 +359,36 @@ type InputEvent struct {
 	X      int    `json:"x,omitempty"`
 	Y      int    `json:"y,omitempty"`
 	Button string `json:"button,omitempty"`
+}
+
+// DefaultPath is the PATH an exec gets when neither the sandbox's env nor
+// the request sets one.
+const DefaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// ExecEnv is an exec's environment: base (the sandbox's), then extra
+// (the request's), later keys winning, with PATH (DefaultPath) and HOME
+// (/root for uid 0, else /) defaulted.
+func ExecEnv(base, extra []string, uid uint32) []string {
+	idx := make(map[string]int)
+	var env []string
+	for _, kv := range append(append([]string(nil), base...), extra...) {
+		k, _, _ := strings.Cut(kv, "=")
+		if i, ok := idx[k]; ok {
+			env[i] = kv
+			continue
+		}
+		idx[k] = len(env)
+		env = append(env, kv)
+	}
+	if _, ok := idx["PATH"]; !ok {
+		env = append(env, DefaultPath)
+	}
+	if _, ok := idx["HOME"]; !ok {
+		if uid == 0 {
+			env = append(env, "HOME=/root")
+		} else {
+			env = append(env, "HOME=/")
+		}
+	}
+	return env
 }

@@ -17,9 +17,6 @@ import (
 	"github.com/warrenhq/warren/internal/testutil"
 )
 
-// vmReady is what that image's tty1 login shell writes to the serial port.
-const vmReady = "warren-vm: shell ready on tty1"
-
 // TestDisplayAndInput boots a full machine (q35) from a disk image, with
 // a VGA display served over VNC and a USB tablet, and drives it as an
 // agent would: it waits for the screen to be drawn, types a command at
@@ -134,7 +131,7 @@ func TestDisplayAndInput(t *testing.T) {
 		d, _ := diffPixels(blank, img)
 		return d > 0 && litPixels(img) > 100
 	})
-	poll("a shell on the display's console", func() bool { return strings.Contains(serial.String(), vmReady) })
+	poll("a shell on the display's console", func() bool { return strings.Contains(serial.String(), testutil.VMReady) })
 	// The prompt is drawn soon after the shell starts; a blinking cursor
 	// changes a text cell, no more.
 	var before image.Image

@@ -216,6 +216,10 @@ var guestAgent struct {
 // builds one and prints its path.
 const VMDiskEnv = "WARREN_VM_DISK"
 
+// VMReady is what that image's tty1 login shell writes to its serial
+// port once it takes input.
+const VMReady = "warren-vm: shell ready on tty1"
+
 // GuestKernelEnv names a guest kernel for microVM tests: a vmlinuz, or an
 // unpacked linux-image package (scripts/fetch-guest-kernel prints one).
 const GuestKernelEnv = "WARREN_GUEST_KERNEL"

@@ -18,7 +18,7 @@ const (
 	// mounted, so the sandbox's overlay upper dir stays untouched.
 	initPath = "/dev/init"
 
-	defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	defaultPath = backend.DefaultPath
 
 	cfsPeriod = 100_000 // µs, the kernel's default CFS period
 
@@ -167,30 +167,7 @@ func resolvConfFor(servers []string) []byte {
 // execEnv merges the sandbox's default environment with the request's (the
 // request wins) and fills in PATH and HOME when neither sets them, as a
 // login would.
-func execEnv(base, extra []string, uid uint32) []string {
-	idx := make(map[string]int)
-	var env []string
-	for _, kv := range append(append([]string(nil), base...), extra...) {
-		k, _, _ := strings.Cut(kv, "=")
-		if i, ok := idx[k]; ok {
-			env[i] = kv
-			continue
-		}
-		idx[k] = len(env)
-		env = append(env, kv)
-	}
-	if _, ok := idx["PATH"]; !ok {
-		env = append(env, defaultPath)
-	}
-	if _, ok := idx["HOME"]; !ok {
-		if uid == 0 {
-			env = append(env, "HOME=/root")
-		} else {
-			env = append(env, "HOME=/")
-		}
-	}
-	return env
-}
+func execEnv(base, extra []string, uid uint32) []string { return backend.ExecEnv(base, extra, uid) }
 
 // devMount is the sandbox's /dev: the node's read-only template (dev.go)
 // where there is one, else a tmpfs runc fills.

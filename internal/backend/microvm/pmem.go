@@ -47,7 +47,6 @@ func (m *MicroVM) pmemFile(l backend.Layer) error {
 	return os.Rename(copyPath, path) // a racing create made the same file
 }
 
-
 // copyFile copies src to dst (a clone where the filesystem can).
 func copyFile(src, dst string) (bool, error) {
 	if filepath.Base(src) == filepath.Base(dst) {

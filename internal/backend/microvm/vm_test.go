@@ -16,10 +16,6 @@ import (
 	"github.com/warrenhq/warren/internal/testutil"
 )
 
-// vmReady is what scripts/build-vm-disk's image prints on its serial
-// console once its display's shell takes input.
-const vmReady = "warren-vm: shell ready on tty1"
-
 // TestVM boots a whole machine from an imported disk image: its screen
 // shows the console, typing at it changes the screen, it pauses and
 // resumes, exec is refused (no agent inside), and Stop presses the power
@@ -71,7 +67,7 @@ func TestVM(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	for !strings.Contains(console(m, id), vmReady) {
+	for !strings.Contains(console(m, id), testutil.VMReady) {
 		if time.Since(start) > testutil.Scale(3*time.Minute) {
 			t.Fatalf("the guest's shell never got ready; console:\n%s", console(m, id))
 		}
