@@ -24,10 +24,9 @@
 // baseline, and each dax variant against blk (DSec's target: at least
 // -40% peak).
 //
-// Variants: blk (virtio-blk), dax (virtio-pmem with DAX, warren as it
-// ships), and with -plain (the default) dax+plain: dax with the pmem copy
-// of the layer rebuilt by the bench with mkfs.erofs -E noinline_data, the
-// fix this bench found for dax (see plainPmem), measured as a what-if.
+// Variants: blk (virtio-blk) and dax (virtio-pmem with DAX, --vm-dax:
+// the layer's pmem copy rebuilt by the node with every file's data in
+// whole blocks, which the guest maps in place).
 package main
 
 import (
@@ -36,7 +35,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"sort"
@@ -44,8 +42,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/bench/internal/benchup"
@@ -66,7 +62,6 @@ func main() {
 	flag.StringVar(&cfg.image, "image", benchup.DebianPython, "root filesystem of the environment; \"busybox\" for busybox@1")
 	flag.StringVar(&cfg.read, "read", defaultRead, "what each guest runs to read its files")
 	flag.IntVar(&cfg.conc, "c", 2, "creates at a time")
-	flag.BoolVar(&cfg.plain, "plain", true, "also measure dax+plain: DAX with the pmem copy of the layer rebuilt with mkfs.erofs -E noinline_data (a what-if)")
 	flag.DurationVar(&cfg.interval, "interval", 500*time.Millisecond, "sampling interval")
 	flag.DurationVar(&cfg.settle, "settle", 5*time.Second, "wait after the reads, and after dropping the page cache")
 	keep := flag.Bool("keep", false, "keep the temporary data dirs")
@@ -79,7 +74,6 @@ func main() {
 }
 
 type config struct {
-	plain            bool
 	n, rounds, conc  int
 	mem              int64
 	image, read      string
@@ -122,9 +116,6 @@ func run(cfg config, keep bool) error {
 		cfg.n, cfg.mem>>20, cfg.mem>>20+128, cfg.image, cfg.rounds, time.Now().UTC().Format(time.RFC3339))
 	fmt.Printf("each guest runs: %s\n", cfg.read)
 	variants := []kind{blk, dax}
-	if cfg.plain {
-		variants = append(variants, daxPlain)
-	}
 	results := map[kind][]result{}
 	for r := 0; r < cfg.rounds; r++ {
 		for i := range variants {
@@ -152,12 +143,7 @@ type kind string
 
 const (
 	blk = kind("blk") // virtio-blk (the default)
-	dax = kind("dax") // virtio-pmem with DAX (--vm-dax), the layer as built
-	// daxPlain is dax with the pmem copy of the layer rebuilt with
-	// mkfs.erofs -E noinline_data (every file FLAT_PLAIN, which the
-	// guest kernel maps with DAX; see plainPmem): a what-if of a fix,
-	// not warren as it ships.
-	daxPlain = kind("dax+plain")
+	dax = kind("dax") // virtio-pmem with DAX (--vm-dax)
 )
 
 // variant runs one `warren up` (of kind v) on data, measures, and leaves
@@ -213,11 +199,6 @@ func variant(ctx context.Context, cfg config, data string, v kind) (res result, 
 	}
 	if res.dax != (v != blk) {
 		return res, fmt.Errorf("asked for DAX %v, but QEMU's devices say %v (does the guest kernel have virtio_pmem and nd_pmem?)", v != blk, res.dax)
-	}
-	if v == daxPlain {
-		if err := plainPmem(ctx, data); err != nil {
-			return res, fmt.Errorf("rebuild the pmem copy: %w", err)
-		}
 	}
 
 	hostmem.Settle(30 * time.Second) // what the warm-up's removal frees
@@ -456,43 +437,4 @@ func spreadOf(v []float64, format string) string {
 		return med
 	}
 	return med + " (" + fmt.Sprintf(format, s[0]) + "-" + fmt.Sprintf(format, s[len(s)-1]) + ")"
-}
-
-// plainPmem rebuilds the pmem copy of the layer (made by the warm-up's
-// create) with mkfs.erofs -E noinline_data from its own contents: the
-// same files, but every regular file FLAT_PLAIN. The guest kernel sets
-// S_DAX only on FLAT_PLAIN inodes; warren's layers keep each file's tail
-// inline in its inode (FLAT_INLINE, mkfs.erofs's default), which the guest
-// reads through its own page cache even when the filesystem is mounted
-// with dax=always. The copy is padded to 2 MiB as the backend pads it.
-func plainPmem(ctx context.Context, data string) error {
-	files, _ := filepath.Glob(filepath.Join(data, "node", "microvm", "pmem", "*.erofs"))
-	if len(files) != 1 {
-		return fmt.Errorf("want one pmem copy, found %v", files)
-	}
-	pm := files[0]
-	mnt := filepath.Join(data, "plain-src")
-	if err := os.MkdirAll(mnt, 0o700); err != nil {
-		return err
-	}
-	if out, err := exec.CommandContext(ctx, "mount", "-t", "erofs", "-o", "loop,ro", pm, mnt).CombinedOutput(); err != nil {
-		return fmt.Errorf("mount %s: %v: %s", pm, err, out)
-	}
-	tmp := pm + ".plain"
-	out, err := exec.CommandContext(ctx, "mkfs.erofs", "--quiet", "-Enoinline_data", "--preserve-mtime", tmp, mnt).CombinedOutput()
-	if uerr := unix.Unmount(mnt, 0); uerr != nil && err == nil {
-		err = uerr
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("mkfs.erofs -E noinline_data: %v: %s", err, out)
-	}
-	fi, err := os.Stat(tmp)
-	if err != nil {
-		return err
-	}
-	if err := os.Truncate(tmp, (fi.Size()+2<<20-1)/(2<<20)*(2<<20)); err != nil {
-		return err
-	}
-	return os.Rename(tmp, pm)
 }

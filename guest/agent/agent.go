@@ -17,14 +17,20 @@ import (
 
 // Paths in the guest's initial mount namespace.
 const (
-	layersDir  = "/layers"  // /layers/N: layer N, read-only
-	rwDir      = "/rw"      // the writable disk: upper/ and work/
-	rootDir    = "/sandbox" // the overlay: the sandbox's root
+	layersDir  = "/layers" // /layers/N: layer N, read-only
+	rwDir      = "/rw"     // the writable disk: upper/ and work/
 	cgroupDir  = "/sys/fs/cgroup"
-	sandboxCg  = "/sys/fs/cgroup/sandbox"
-	shellPath  = "/warren/sh" // the platform's shell (ExecRequest.Shell)
 	fwCfgDir   = "/sys/firmware/qemu_fw_cfg/by_name"
 	portsClass = "/sys/class/virtio-ports"
+)
+
+// Paths that differ in a vm (vmMain), where the agent is a service of a
+// whole machine and the sandbox is that machine.
+var (
+	rootDir   = "/sandbox"               // the sandbox's root: the overlay
+	sandboxCg = "/sys/fs/cgroup/sandbox" // the cgroup execs run under
+	shellPath = "/warren/sh"             // the platform's shell (ExecRequest.Shell)
+	selfExe   = "/init"                  // this binary, run as the launcher and the reaper
 )
 
 // agent is the guest agent's state.
@@ -40,6 +46,7 @@ type agent struct {
 	ns      namespaces // the reaper's
 	frozen  bool
 	reaps   *reaps
+	vm      bool // a service of a whole machine (vmMain), not its pid 1
 }
 
 func agentMain() {

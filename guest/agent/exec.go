@@ -38,6 +38,10 @@ type launch struct {
 	Shell bool     `json:"shell,omitempty"` // exec fd 6, the platform's shell
 	// Capability masks (guard's set for UID).
 	Eff, Perm, Bound uint64
+	// Machine: the command runs as the user would in a whole machine (a
+	// vm, which is the wall): no capability dropped beyond what the
+	// change of user drops, no no_new_privs (sudo works).
+	Machine bool `json:"machine,omitempty"`
 }
 
 // outputGrace is how long an exec waits, once its command exited, for
@@ -105,7 +109,7 @@ func (a *agent) exec(ctx context.Context, req proto.ExecRequest, stdin io.Reader
 	if !started {
 		return res, errdefs.New(errdefs.ErrConflict, "sandbox_not_running", "the sandbox is not started")
 	}
-	l := launch{Argv: argv, Shell: req.Shell != ""}
+	l := launch{Argv: argv, Shell: req.Shell != "", Machine: a.vm}
 	if req.User != "" {
 		var err error
 		if l.UID, l.GID, err = rootfs.LookupUser(userDB(), req.User); err != nil {
@@ -314,7 +318,7 @@ func startLaunch(l launch, withStdin bool, ns namespaces, reaps *reaps) (_ *laun
 			return fmt.Errorf("join the sandbox's pid namespace: %w", err)
 		}
 		var err error
-		pid, err = syscall.ForkExec("/init", []string{roleLauncher}, attr)
+		pid, err = syscall.ForkExec(selfExe, []string{roleLauncher}, attr)
 		return err
 	})
 	if err != nil {

@@ -148,7 +148,12 @@ func (a *agent) handleStart(w http.ResponseWriter, r *http.Request) {
 		reply(w, nil, errdefs.Invalid("start: %v", err))
 		return
 	}
-	err := a.startSandbox(req)
+	var err error
+	if a.vm {
+		err = a.startVM(req)
+	} else {
+		err = a.startSandbox(req)
+	}
 	reply(w, a.status(), err)
 }
 
@@ -227,6 +232,10 @@ func (a *agent) handlePort(w http.ResponseWriter, r *http.Request) {
 // handleSync syncs the writable disk and freezes it (freeze=1) so the
 // host can copy it whole, or thaws it (freeze=0).
 func (a *agent) handleSync(w http.ResponseWriter, r *http.Request) {
+	if a.vm {
+		reply(w, nil, notInVM("sync"))
+		return
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	freeze := r.URL.Query().Get("freeze")
@@ -256,6 +265,10 @@ func (a *agent) handleSync(w http.ResponseWriter, r *http.Request) {
 // handleShutdown stops the sandbox's processes (SIGTERM, SIGKILL after
 // grace), syncs and powers off: QEMU exits.
 func (a *agent) handleShutdown(w http.ResponseWriter, r *http.Request) {
+	if a.vm {
+		reply(w, nil, notInVM("shutdown (the vm backend presses the power button)"))
+		return
+	}
 	grace, _ := time.ParseDuration(r.URL.Query().Get("grace"))
 	reply(w, struct{}{}, nil)
 	http.NewResponseController(w).Flush()

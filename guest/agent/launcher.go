@@ -111,6 +111,9 @@ func exists(p string) bool {
 // guard's capability set (no CAP_SYS_ADMIN, SYS_PTRACE, SYS_MODULE, ...),
 // the user and group asked for, and no_new_privs.
 func dropPrivileges(l launch) error {
+	if l.Machine {
+		return changeUser(l)
+	}
 	for c := 0; c <= 63; c++ {
 		if l.Bound&(1<<c) == 0 {
 			if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil && err != unix.EINVAL {
@@ -118,13 +121,7 @@ func dropPrivileges(l launch) error {
 			}
 		}
 	}
-	if err := syscall.Setgroups([]int{int(l.GID)}); err != nil {
-		return err
-	}
-	if err := syscall.Setresgid(int(l.GID), int(l.GID), int(l.GID)); err != nil {
-		return err
-	}
-	if err := syscall.Setresuid(int(l.UID), int(l.UID), int(l.UID)); err != nil {
+	if err := changeUser(l); err != nil {
 		return err
 	}
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
@@ -164,4 +161,16 @@ func cStrings(ss []string) ([]*byte, error) {
 		p[i] = b
 	}
 	return p, nil
+}
+
+// changeUser becomes l's user and group (a user other than root loses
+// its capabilities with it).
+func changeUser(l launch) error {
+	if err := syscall.Setgroups([]int{int(l.GID)}); err != nil {
+		return err
+	}
+	if err := syscall.Setresgid(int(l.GID), int(l.GID), int(l.GID)); err != nil {
+		return err
+	}
+	return syscall.Setresuid(int(l.UID), int(l.UID), int(l.UID))
 }

@@ -21,6 +21,10 @@
 // The same binary has three roles, by argv[0]: pid 1 of the guest
 // ("/init"), the reaper, and the exec launcher ("warren-exec", which joins
 // the sandbox's mount namespace, drops privileges and execs the command).
+//
+// "warren-guest vm" is a fourth: a service of a whole machine (the vm
+// backend's, from a disk image that carries it; vm.go), serving exec,
+// files and ports in that machine over the same port and protocol.
 package main
 
 import (
@@ -41,6 +45,13 @@ func main() {
 	case roleLauncher:
 		launcher()
 	default:
+		if len(os.Args) == 2 && os.Args[1] == "vm" {
+			vmMain()
+		}
+		if len(os.Args) == 2 && os.Args[1] == "vm-unit" {
+			os.Stdout.WriteString(VMUnit) // for scripts/vm-disk-add-agent
+			return
+		}
 		agentMain()
 	}
 }

@@ -52,7 +52,7 @@ func (a *agent) startSandbox(req proto.StartRequest) error {
 	defer readyR.Close()
 	null := devNull()
 	defer unix.Close(int(null))
-	pid, err := syscall.ForkExec("/init", []string{roleReaper, req.Hostname}, &syscall.ProcAttr{
+	pid, err := syscall.ForkExec(selfExe, []string{roleReaper, req.Hostname}, &syscall.ProcAttr{
 		Env:   []string{},
 		Files: []uintptr{null, null, 2, readyW.Fd()},
 		Sys: &syscall.SysProcAttr{

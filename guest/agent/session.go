@@ -47,23 +47,27 @@ func (a *agent) serve() {
 		boot.PowerOff()
 	}
 	port := os.NewFile(uintptr(fd), dev) // blocking: plain read(2) and write(2)
-	// HTTP/2's default largest frame (16 KiB) matters: a hello from the host
-	// that finds the guest still in an earlier session (restored from a
-	// saved state) reads as a frame header of at least 640 KiB, and ends
-	// that session at once instead of waiting for its payload.
-	h2 := &http2.Server{}
+	// HTTP/2's smallest largest frame (16 KiB; Go's server allows 1 MiB by
+	// default) matters: a hello from the host that finds the guest still
+	// in an earlier session (restored from a saved state) reads as a frame
+	// header of at least 640 KiB, and ends that session at once instead of
+	// waiting for its payload.
+	h2 := &http2.Server{MaxReadFrameSize: 16 << 10}
 	mux := a.handler()
-	for {
+	// Each session's start and end go to the console (the host keeps it
+	// beside the sandbox; the workload cannot read it): what a stuck
+	// channel is diagnosed from.
+	for n := 1; ; n++ {
 		waitHost(fd)
 		r := bufio.NewReaderSize(port, 64<<10)
 		if err := proto.GuestHandshake(r, port, a.cfg.Secret); err != nil {
-			if errors.Is(err, proto.ErrHandshake) {
-				boot.Logf("handshake: %v", err)
-			}
+			boot.Logf("session %d: handshake: %v", n, err)
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
+		boot.Logf("session %d: started", n)
 		h2.ServeConn(&portConn{r: r, f: port}, &http2.ServeConnOpts{Handler: mux})
+		boot.Logf("session %d: ended", n)
 	}
 }
 

@@ -26,6 +26,7 @@ type buildConfig struct {
 	timestamp *time.Time
 	allRoot   bool
 	sparse    bool
+	plain     bool
 }
 
 // WithTimestamp gives every file in the image the modification time t,
@@ -50,6 +51,16 @@ func WithAllRoot() BuildOption {
 // and must not cost a terabyte here.
 func WithSparse() BuildOption {
 	return func(c *buildConfig) { c.sparse = true }
+}
+
+// WithPlainData lays every file's data out in whole blocks, its tail
+// included (mkfs.erofs -E noinline_data: FLAT_PLAIN inodes). By default a
+// file's tail shares a block with its inode (FLAT_INLINE), which is
+// smaller; but a kernel mounting the image with dax maps only FLAT_PLAIN
+// files in place, and reads every other through its own page cache. For
+// images guests mount from virtio-pmem.
+func WithPlainData() BuildOption {
+	return func(c *buildConfig) { c.plain = true }
 }
 
 // BuildEROFS builds an uncompressed EROFS image of srcDir at outFile with
@@ -103,6 +114,9 @@ func BuildEROFS(ctx context.Context, srcDir, outFile string, opts ...BuildOption
 	}
 	if cfg.sparse {
 		args = append(args, "--chunksize=4096")
+	}
+	if cfg.plain {
+		args = append(args, "-Enoinline_data")
 	}
 
 	// With chunks (WithSparse), erofs-utils 1.5 gathers file data in a

@@ -231,17 +231,10 @@ const GuestKernelEnv = "WARREN_GUEST_KERNEL"
 func GuestAgent(t testing.TB) string {
 	t.Helper()
 	guestAgent.once.Do(func() {
-		root, err := os.Getwd()
+		root, err := repoRoot()
 		if err != nil {
 			guestAgent.err = err
 			return
-		}
-		for !exists(filepath.Join(root, "go.mod")) {
-			if root == "/" {
-				guestAgent.err = errors.New("go.mod not found above the working directory")
-				return
-			}
-			root = filepath.Dir(root)
 		}
 		dir, err := os.MkdirTemp("", "warren-guest-")
 		if err != nil {
@@ -263,4 +256,56 @@ func GuestAgent(t testing.TB) string {
 		os.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
 	}
 	return guestAgent.path
+}
+
+// repoRoot is the directory of go.mod above the working directory.
+func repoRoot() (string, error) {
+	root, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for !exists(filepath.Join(root, "go.mod")) {
+		if root == "/" {
+			return "", errors.New("go.mod not found above the working directory")
+		}
+		root = filepath.Dir(root)
+	}
+	return root, nil
+}
+
+// VMDiskWithAgent returns the disk image of VMDiskEnv with this source
+// tree's warren-guest installed as a service (scripts/vm-disk-add-agent),
+// made once per agent build and kept in the temporary directory. Unset
+// VMDiskEnv is Unavailable.
+func VMDiskWithAgent(t testing.TB) string {
+	t.Helper()
+	disk := os.Getenv(VMDiskEnv)
+	if disk == "" {
+		Unavailable(t, "set %s to a disk image (scripts/build-vm-disk builds one)", VMDiskEnv)
+		return ""
+	}
+	agent := GuestAgent(t)
+	b, err := os.ReadFile(agent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(b)
+	out := filepath.Join(os.TempDir(), fmt.Sprintf("warren-vm-agent-%x-%s", sum[:6], filepath.Base(disk)))
+	if exists(out) {
+		return out
+	}
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := fmt.Sprintf("%s.tmp%d", out, os.Getpid())
+	cmd := exec.Command(filepath.Join(root, "scripts", "vm-disk-add-agent"), disk, tmp, "--agent", agent)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		os.Remove(tmp)
+		t.Fatalf("vm-disk-add-agent: %v\n%s", err, b)
+	}
+	if err := os.Rename(tmp, out); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }

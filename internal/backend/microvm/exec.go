@@ -21,8 +21,8 @@ import (
 // running returns s if its machine runs; ErrConflict otherwise.
 func (m *MicroVM) running(id, verb string) (*sandbox, error) {
 	s, err := m.get(id)
-	if err == nil && m.kind == KindVM && verb != "screen" && verb != "input" {
-		return nil, errdefs.New(errdefs.ErrInvalid, api.CodeNotSupported, "%s in %s: a vm runs no warren guest agent (exec, files, ports and snapshots are microVMs' and containers')", verb, id)
+	if err == nil && m.kind == KindVM && verb == "snapshot" {
+		return nil, errdefs.New(errdefs.ErrInvalid, api.CodeNotSupported, "%s of %s: a vm's disk is not layers (snapshots are microVMs' and containers')", verb, id)
 	}
 	if err != nil {
 		return nil, err
@@ -36,6 +36,16 @@ func (m *MicroVM) running(id, verb string) (*sandbox, error) {
 	return s, nil
 }
 
+// withAgent returns s if its machine runs and has a guest agent: every
+// microVM has; a vm has when its disk image carries one (vmAgent).
+func (m *MicroVM) withAgent(ctx context.Context, id, verb string) (*sandbox, error) {
+	s, err := m.running(id, verb)
+	if err != nil || m.kind != KindVM {
+		return s, err
+	}
+	return s, m.vmAgent(ctx, s, verb)
+}
+
 // Exec implements backend.Execer: the guest agent runs the command in the
 // sandbox's namespaces; its output streams back as frames.
 func (m *MicroVM) Exec(ctx context.Context, id string, req backend.ExecRequest) (backend.ExecResult, error) {
@@ -43,7 +53,7 @@ func (m *MicroVM) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 	if req.Shell == "" && (len(req.Argv) == 0 || req.Argv[0] == "") {
 		return res, errdefs.Invalid("exec in %s: empty argv", id)
 	}
-	s, err := m.running(id, "exec")
+	s, err := m.withAgent(ctx, id, "exec")
 	if err != nil {
 		return res, err
 	}
@@ -106,7 +116,7 @@ func (m *MicroVM) Exec(ctx context.Context, id string, req backend.ExecRequest) 
 // Stats implements backend.Statser, as the guest's cgroup counts.
 func (m *MicroVM) Stats(ctx context.Context, id string) (backend.Stats, error) {
 	var st backend.Stats
-	s, err := m.running(id, "stats")
+	s, err := m.withAgent(ctx, id, "stats")
 	if err != nil {
 		return st, err
 	}
@@ -120,7 +130,7 @@ func (m *MicroVM) DialPort(ctx context.Context, id string, port int) (net.Conn, 
 	if port < 1 || port > 65535 {
 		return nil, errdefs.Invalid("port %d", port)
 	}
-	s, err := m.running(id, "dial")
+	s, err := m.withAgent(ctx, id, "dial")
 	if err != nil {
 		return nil, err
 	}

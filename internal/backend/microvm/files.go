@@ -15,7 +15,7 @@ import (
 // Stat implements backend.Files.
 func (m *MicroVM) Stat(ctx context.Context, id, path string) (backend.FileInfo, error) {
 	var fi backend.FileInfo
-	s, err := m.running(id, "stat")
+	s, err := m.withAgent(ctx, id, "stat")
 	if err != nil {
 		return fi, err
 	}
@@ -45,7 +45,7 @@ func (m *MicroVM) ReadTar(ctx context.Context, id, path string, w io.Writer) err
 }
 
 func (m *MicroVM) put(ctx context.Context, id, path string, q url.Values, r io.Reader) error {
-	s, err := m.running(id, "write")
+	s, err := m.withAgent(ctx, id, "write")
 	if err != nil {
 		return err
 	}
@@ -57,7 +57,7 @@ func (m *MicroVM) put(ctx context.Context, id, path string, q url.Values, r io.R
 
 // stream streams a GET's body to w.
 func (m *MicroVM) stream(ctx context.Context, id, path string, q url.Values, w io.Writer) error {
-	s, err := m.running(id, "read")
+	s, err := m.withAgent(ctx, id, "read")
 	if err != nil {
 		return err
 	}

@@ -35,6 +35,19 @@ type guest struct {
 // errGone is returned when QEMU has exited.
 var errGone = errors.New("the machine is not running")
 
+// handshakeAttempt bounds one connection's handshake: past it, the
+// connection is dropped and another made, which QEMU tells the guest as
+// a session ending and a new one beginning (a guest agent stuck in a
+// session of before a restore starts over).
+const handshakeAttempt = 15 * time.Second
+
+// sessionIdle and sessionPing: how long a session may be silent before
+// it is pinged, and how long the ping may go unanswered.
+const (
+	sessionIdle = 30 * time.Second
+	sessionPing = 20 * time.Second
+)
+
 // client returns the current session, dialling one if needed.
 func (g *guest) client(ctx context.Context) (*http2.ClientConn, error) {
 	g.mu.Lock()
@@ -46,6 +59,36 @@ func (g *guest) client(ctx context.Context) (*http2.ClientConn, error) {
 		g.cc.Close()
 		g.cc = nil
 	}
+	for {
+		conn, r, err := g.session(ctx)
+		if err == nil {
+			// A session that hears nothing for a while is pinged, and
+			// dropped when the ping goes unanswered: a guest agent that
+			// died under a request (a vm's, restarted by its init) must not
+			// leave the request waiting forever, as nothing else tells.
+			t := &http2.Transport{AllowHTTP: true, ReadIdleTimeout: sessionIdle, PingTimeout: sessionPing}
+			cc, err := t.NewClientConn(&bufConn{Conn: conn, r: r})
+			if err != nil {
+				conn.Close()
+				return nil, err
+			}
+			g.cc = cc
+			return cc, nil
+		}
+		switch {
+		case g.alive != nil && !g.alive():
+			return nil, errGone
+		case ctx.Err() != nil:
+			return nil, fmt.Errorf("guest agent: %w", ctx.Err())
+		case !errors.Is(err, context.DeadlineExceeded):
+			return nil, fmt.Errorf("guest agent: %w", err)
+		}
+	}
+}
+
+// session dials the port's socket and runs the handshake on it, for at
+// most handshakeAttempt.
+func (g *guest) session(ctx context.Context) (net.Conn, *bufio.Reader, error) {
 	var d net.Dialer
 	var conn net.Conn
 	var err error
@@ -54,18 +97,20 @@ func (g *guest) client(ctx context.Context) (*http2.ClientConn, error) {
 			break
 		}
 		if g.alive != nil && !g.alive() {
-			return nil, errGone
+			return nil, nil, errGone
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("guest agent: %w (last: %v)", ctx.Err(), err)
+			return nil, nil, fmt.Errorf("%w (last: %v)", ctx.Err(), err)
 		case <-time.After(wait):
 		}
 	}
 	// The handshake waits for the guest agent: it answers once the
 	// guest has booted. QEMU ending meanwhile ends the wait.
-	hctx, cancel := context.WithCancel(ctx)
+	hctx, cancel := context.WithTimeout(ctx, handshakeAttempt)
+	defer cancel()
 	done := make(chan struct{})
+	defer close(done)
 	go func() {
 		t := time.NewTicker(100 * time.Millisecond)
 		defer t.Stop()
@@ -82,27 +127,14 @@ func (g *guest) client(ctx context.Context) (*http2.ClientConn, error) {
 		}
 	}()
 	r := bufio.NewReaderSize(conn, 64<<10)
-	err = proto.HostHandshake(hctx, conn, r, g.secret)
-	close(done)
-	cancel()
-	if err != nil {
+	if err := proto.HostHandshake(hctx, conn, r, g.secret); err != nil {
 		conn.Close()
-		if g.alive != nil && !g.alive() {
-			return nil, errGone
+		if hctx.Err() != nil {
+			return nil, nil, hctx.Err()
 		}
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("guest agent: %w", ctx.Err())
-		}
-		return nil, fmt.Errorf("guest agent: %w", err)
+		return nil, nil, err
 	}
-	t := &http2.Transport{AllowHTTP: true}
-	cc, err := t.NewClientConn(&bufConn{Conn: conn, r: r})
-	if err != nil {
-		conn.Close()
-		return nil, err
-	}
-	g.cc = cc
-	return cc, nil
+	return conn, r, nil
 }
 
 // close ends the session.

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -37,6 +38,10 @@ const (
 	consoleFile = "console.log"
 )
 
+// maxSocketPath is the longest path a unix socket can be bound at
+// (sun_path less its terminating NUL).
+const maxSocketPath = 107
+
 // Guest sizing: the sandbox's memory limit is its processes'; the guest
 // gets that plus room for its kernel and agent, and QEMU's own use is
 // allowed on top in the host cgroup.
@@ -54,6 +59,8 @@ type sandbox struct {
 	dir   string
 	guest *guest
 	proc  *process // nil unless QEMU runs (or ran, until Wait saw it end)
+	// agent: a vm's guest agent has answered (vm.go: its disk carries one).
+	agent atomic.Bool
 }
 
 func (m *MicroVM) sandboxDir(id string) string { return filepath.Join(m.dir, id) }
@@ -99,6 +106,9 @@ func (m *MicroVM) Create(ctx context.Context, spec backend.Spec) (err error) {
 	}
 	id := spec.ID
 	s := &sandbox{spec: spec, dir: m.sandboxDir(id)}
+	if sock := filepath.Join(s.dir, agentSock); len(sock) > maxSocketPath {
+		return errdefs.Unavailable("create sandbox %s: its agent socket %s would be longer than a unix socket path can be (%d bytes): give the node a shorter state directory", id, sock, maxSocketPath)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m.mu.Lock()
@@ -108,9 +118,12 @@ func (m *MicroVM) Create(ctx context.Context, spec backend.Spec) (err error) {
 	}
 	m.sandboxes[id] = s
 	m.mu.Unlock()
+	made := false
 	defer func() {
 		if err != nil {
-			os.RemoveAll(s.dir)
+			if made {
+				os.RemoveAll(s.dir)
+			}
 			m.mu.Lock()
 			delete(m.sandboxes, id)
 			m.mu.Unlock()
@@ -122,6 +135,7 @@ func (m *MicroVM) Create(ctx context.Context, spec backend.Spec) (err error) {
 		}
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
+	made = true
 	for _, l := range spec.Layers {
 		if _, err := os.Stat(l.Path); err != nil {
 			return errdefs.Invalid("sandbox %s: layer %s: %v", id, l.Digest, err)
@@ -130,7 +144,7 @@ func (m *MicroVM) Create(ctx context.Context, spec backend.Spec) (err error) {
 			return errdefs.Invalid("sandbox %s: layer %s is a disk image: it boots with --backend vm", id, l.Digest)
 		}
 		if m.dax {
-			if err := m.pmemFile(l); err != nil {
+			if err := m.pmemFile(ctx, l); err != nil {
 				return fmt.Errorf("create sandbox %s: %w", id, err)
 			}
 		}
@@ -146,9 +160,12 @@ func (m *MicroVM) Create(ctx context.Context, spec backend.Spec) (err error) {
 	if err := os.WriteFile(filepath.Join(s.dir, secretFile), []byte(secret), 0o600); err != nil {
 		return err
 	}
-	cfg := proto.Config{Secret: secret, Upper: "warren-upper", DAX: m.dax}
-	for i := range spec.Layers {
-		cfg.Layers = append(cfg.Layers, fmt.Sprintf("warren-l%d", i))
+	cfg := proto.Config{Secret: secret}
+	if m.kind == KindMicroVM {
+		cfg.Upper, cfg.DAX = "warren-upper", m.dax
+		for i := range spec.Layers {
+			cfg.Layers = append(cfg.Layers, fmt.Sprintf("warren-l%d", i))
+		}
 	}
 	if err := writeJSON(filepath.Join(s.dir, configFile), cfg); err != nil {
 		return err
@@ -202,9 +219,13 @@ func (m *MicroVM) machine(s *sandbox) qemu.Machine {
 		MemoryMiB: int((mem + guestOverhead + (1<<20 - 1)) >> 20),
 		Kernel:    m.kernel,
 		Initrd:    m.initrd,
-		Cmdline:   []string{"console=ttyS0", "quiet", "loglevel=3", "panic=-1", "oops=panic", "rdinit=/init"},
-		RNG:       true,
-		QMP:       filepath.Join(s.dir, qmpSock),
+		Cmdline: []string{"console=ttyS0", "quiet", "loglevel=3", "panic=-1", "oops=panic", "rdinit=/init",
+			// No bounce buffer: these virtio devices do not use the DMA API
+			// (no VIRTIO_F_ACCESS_PLATFORM), and with virtio-pmem's hotplug
+			// range the kernel would otherwise reserve (and touch) 64 MiB.
+			"swiotlb=noforce"},
+		RNG: true,
+		QMP: filepath.Join(s.dir, qmpSock),
 	}
 	if m.accel == qemu.KVM {
 		mach.Type = "microvm" // under TCG it hangs calibrating the TSC
@@ -220,10 +241,15 @@ func (m *MicroVM) machine(s *sandbox) qemu.Machine {
 		mach.Disks = append(mach.Disks, qemu.Disk{Path: l.Path, ReadOnly: true, Serial: fmt.Sprintf("warren-l%d", i)})
 	}
 	mach.Disks = append(mach.Disks, qemu.Disk{Path: filepath.Join(s.dir, upperFile), Serial: "warren-upper", Discard: true})
-	mach.Ports = []qemu.Port{{Name: proto.PortName, Socket: filepath.Join(s.dir, agentSock)}}
-	mach.FwCfg = []qemu.FwCfg{{Name: proto.ConfigName, File: filepath.Join(s.dir, configFile)}}
+	m.agentDevices(s, &mach)
 	mach.Balloon = true
 	return mach
+}
+
+// agentDevices gives mach the guest agent's port and its fw_cfg config.
+func (m *MicroVM) agentDevices(s *sandbox, mach *qemu.Machine) {
+	mach.Ports = []qemu.Port{{Name: proto.PortName, Socket: filepath.Join(s.dir, agentSock)}}
+	mach.FwCfg = []qemu.FwCfg{{Name: proto.ConfigName, File: filepath.Join(s.dir, configFile)}}
 }
 
 func fileSize(p string) int64 {
@@ -265,7 +291,7 @@ func (m *MicroVM) boot(ctx context.Context, s *sandbox, incoming bool) error {
 	}
 	os.Remove(filepath.Join(s.dir, agentSock))
 	os.Remove(filepath.Join(s.dir, qmpSock))
-	p, err := m.startQEMU(s, argv)
+	p, err := m.startQEMU(s, argv, incoming)
 	if err != nil {
 		return err
 	}
@@ -540,9 +566,14 @@ func (p *process) running() bool {
 }
 
 // startQEMU starts QEMU detached from the agent (its own session, stdio
-// on the console file), in the sandbox's host cgroup.
-func (m *MicroVM) startQEMU(s *sandbox, argv []string) (*process, error) {
-	console, err := os.OpenFile(filepath.Join(s.dir, consoleFile), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+// on the console file: a boot starts it anew, a resume adds to it), in
+// the sandbox's host cgroup.
+func (m *MicroVM) startQEMU(s *sandbox, argv []string, resume bool) (*process, error) {
+	flags := os.O_WRONLY | os.O_CREATE | os.O_TRUNC
+	if resume {
+		flags = os.O_WRONLY | os.O_CREATE | os.O_APPEND
+	}
+	console, err := os.OpenFile(filepath.Join(s.dir, consoleFile), flags, 0o600)
 	if err != nil {
 		return nil, err
 	}
@@ -650,8 +681,18 @@ func startTime(pid int) (uint64, error) {
 	return strconv.ParseUint(f[19], 10, 64)
 }
 
+// sessionLog marks the guest agent's console lines about its sessions.
+const sessionLog = "warren-guest: session "
+
+// lastLines is the last n lines of a console, but for the guest agent's
+// lines about its sessions, which say nothing of why a machine ended.
 func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimSpace(s), "\n")
+	var lines []string
+	for _, l := range strings.Split(strings.TrimSpace(s), "\n") {
+		if !strings.Contains(l, sessionLog) {
+			lines = append(lines, l)
+		}
+	}
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}

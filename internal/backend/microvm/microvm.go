@@ -85,6 +85,11 @@ type Config struct {
 	// Mounts mounts layers on the host, which only snapshots that strip
 	// paths need (shared with the container backend).
 	Mounts *image.Mounts
+	// VMAgentWait is how long after its machine starts a vm's guest
+	// agent is waited for before exec and files are not_supported in it
+	// (its disk image carries none). Default 3 minutes (a boot under TCG
+	// takes one or more).
+	VMAgentWait time.Duration
 }
 
 // MicroVM is the microvm backend.
@@ -102,6 +107,7 @@ type MicroVM struct {
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
+	pmemMu    map[string]*sync.Mutex // per layer digest: building its pmem backing file
 }
 
 var (
@@ -128,6 +134,9 @@ func New(cfg Config) (*MicroVM, error) {
 	}
 	if cfg.QEMU == "" {
 		cfg.QEMU = "qemu-system-x86_64"
+	}
+	if cfg.VMAgentWait <= 0 {
+		cfg.VMAgentWait = defaultVMAgentWait
 	}
 	if cfg.CgroupParent == "" {
 		cfg.CgroupParent = "/warren"

@@ -203,6 +203,18 @@ func TestPauseResume(t *testing.T) {
 	if err := h.m.Resume(ctx, id); err != nil {
 		t.Errorf("second Resume: %v, want nil", err)
 	}
+	t.Logf("the guest agent's sessions:\n%s", grepLines(console(h.m, id), sessionLog))
+}
+
+// grepLines is the lines of s that hold sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, strings.TrimSpace(l))
+		}
+	}
+	return strings.Join(out, "\n")
 }
 
 // TestMachineFailures: a guest that cannot boot fails Start with the

@@ -54,10 +54,8 @@ func (m *MicroVM) Pause(ctx context.Context, id string) (backend.PauseStats, err
 	// is saved: a guest saved in the middle of a session would wait for
 	// the rest of it after the restore.
 	s.guest.close()
-	if m.kind == KindMicroVM {
-		if err := waitDisconnected(ctx, q, "port0"); err != nil {
-			return ps, fmt.Errorf("pause %s: %w", id, err)
-		}
+	if err := waitDisconnected(ctx, q, "port0"); err != nil {
+		return ps, fmt.Errorf("pause %s: %w", id, err)
 	}
 	start := time.Now()
 	if err := q.Execute(ctx, "stop", nil, nil); err != nil {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/guest/proto"
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/qemu"
@@ -20,9 +21,13 @@ import (
 // by its firmware from a disk image the user imported (qcow2; the
 // sandbox's one layer), through a copy-on-write overlay of its own, with
 // a VGA display (VNC on a unix socket in the sandbox's directory, and
-// QMP screenshots), a PS/2 keyboard and a USB tablet. Nothing of warren
-// runs inside: exec and files are not offered; Screen and Input are, and
-// pause and resume as for microVMs.
+// QMP screenshots), a PS/2 keyboard and a USB tablet: Screen and Input,
+// and pause and resume as for microVMs. Nothing of warren runs inside
+// unless the disk image carries the guest agent as a service
+// (guest/agent's "warren-guest vm", which scripts/vm-disk-add-agent
+// installs): the machine gets the microVM's agent port and fw_cfg secret,
+// and exec, files and ports go through that agent when it answers
+// (vmAgent); without it they are not_supported.
 
 // Kinds of machine (Config.Kind).
 const (
@@ -104,7 +109,48 @@ func (m *MicroVM) vmMachine(s *sandbox) qemu.Machine {
 	if m.accel == qemu.TCG {
 		mach.TCGCacheMiB = 256
 	}
+	m.agentDevices(s, &mach)
 	return mach
+}
+
+// defaultVMAgentWait is Config.VMAgentWait's default; vmAgentProbe, how
+// long a vm's agent is asked after that, when it has not answered yet.
+const (
+	defaultVMAgentWait = 3 * time.Minute
+	vmAgentProbe       = 5 * time.Second
+)
+
+// vmAgent checks that vm s has a guest agent, waiting for it while the
+// machine boots; the first time it answers, it gets the sandbox's
+// environment and working directory for its execs. not_supported when
+// none answers.
+func (m *MicroVM) vmAgent(ctx context.Context, s *sandbox, verb string) error {
+	if s.agent.Load() {
+		return nil
+	}
+	s.mu.Lock()
+	p := s.proc
+	s.mu.Unlock()
+	if p == nil {
+		return errdefs.New(errdefs.ErrConflict, "sandbox_not_running", "%s in %s: sandbox is not running", verb, s.spec.ID)
+	}
+	wait := max(time.Until(p.started.Add(m.cfg.VMAgentWait)), vmAgentProbe)
+	actx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	if _, err := s.guest.client(actx); err != nil {
+		if ctx.Err() != nil || errors.Is(err, errGone) {
+			return fmt.Errorf("%s in %s: %w", verb, s.spec.ID, err)
+		}
+		return errdefs.New(errdefs.ErrInvalid, api.CodeNotSupported,
+			"%s in %s: no warren guest agent answered in the vm (up %s): exec, files and ports need one in its disk image (scripts/vm-disk-add-agent installs it)",
+			verb, s.spec.ID, time.Since(p.started).Round(time.Second))
+	}
+	start := proto.StartRequest{Hostname: s.spec.ID, Env: s.spec.Env, Workdir: s.spec.Workdir}
+	if err := s.guest.call(ctx, "POST", "/v1/start", nil, start, nil); err != nil {
+		return fmt.Errorf("%s in %s: %w", verb, s.spec.ID, err)
+	}
+	s.agent.Store(true)
+	return nil
 }
 
 // waitQMP waits until QEMU of s answers on its QMP socket.
