@@ -509,12 +509,17 @@ type Node struct {
 	// whether the node can run it and why not; an unavailable one is
 	// also a line of Problems. Placement sends a create that names a
 	// runtime only to nodes where it is available.
-	Runtimes  []NodeRuntime `json:"runtimes,omitempty"`
-	Capacity  Capacity      `json:"capacity"`
-	Usage     Capacity      `json:"usage"`
-	Healthy   bool          `json:"healthy"`
-	Problems  []string      `json:"problems,omitempty"` // e.g. a backend unavailable here, and why
-	UpdatedAt time.Time     `json:"updated_at"`
+	Runtimes []NodeRuntime `json:"runtimes,omitempty"`
+	// LayerLoading is how the node gets its sandboxes' layers:
+	// LayersEager (each whole, before the first start) or LayersLazy
+	// (chunk by chunk on first read; LayerCache counts them).
+	LayerLoading string           `json:"layer_loading,omitempty"`
+	LayerCache   *LayerCacheStats `json:"layer_cache,omitempty"`
+	Capacity     Capacity         `json:"capacity"`
+	Usage        Capacity         `json:"usage"`
+	Healthy      bool             `json:"healthy"`
+	Problems     []string         `json:"problems,omitempty"` // e.g. a backend unavailable here, and why
+	UpdatedAt    time.Time        `json:"updated_at"`
 	// DiskQuota names how the node enforces Resources.Disk: DiskQuotaBtrfs,
 	// DiskQuotaXFS, DiskQuotaExt4, or DiskQuotaNone (empty from nodes that
 	// predate it: none either). Placement sends a create with a disk limit
@@ -657,6 +662,28 @@ type Error struct {
 	InfraError string `json:"infra_error,omitempty"`
 }
 
+// How a node loads layers (Node.LayerLoading).
+const (
+	LayersEager = "eager"
+	LayersLazy  = "lazy"
+)
+
+// LayerCacheStats are a lazily loading node's chunk cache totals since
+// its agent started.
+type LayerCacheStats struct {
+	Hits         int64 `json:"hits"`          // chunk reads served from the local cache
+	Misses       int64 `json:"misses"`        // chunk reads that waited for a fetch
+	Fetches      int64 `json:"fetches"`       // chunks fetched from the blob store
+	FetchErrors  int64 `json:"fetch_errors"`  // failed fetch attempts
+	FetchedBytes int64 `json:"fetched_bytes"` // from the blob store
+	WrittenBytes int64 `json:"written_bytes"` // to the node's disk
+	Evicted      int64 `json:"evicted"`       // chunks removed for room
+	UsedBytes    int64 `json:"used_bytes"`    // held now
+	LimitBytes   int64 `json:"limit_bytes"`
+	// FetchMs is the time spent fetching, summed over fetches.
+	FetchMs int64 `json:"fetch_ms"`
+}
+
 // ErrorBody wraps Error on the wire.
 type ErrorBody struct {
 	Error Error `json:"error"`
@@ -686,6 +713,10 @@ const (
 	CodeNoCapacity         = "no_capacity"         // 503: no matching node has room
 	CodeNoMatchingNode     = "no_matching_node"    // 503: no healthy node has the backend, pool and labels
 	CodeBackendUnavailable = "backend_unavailable" // 503
+	// CodeImageUnavailable: the sandbox's image cannot be read (its node
+	// loads layers on demand, and the blob store cannot be reached or
+	// holds a corrupt chunk). The platform's doing, not the workload's.
+	CodeImageUnavailable = "image_unavailable" // 503
 	// CodeDiskQuotaUnsupported: the create asks for a disk (or inode) limit
 	// that the node, or every node that could take it, cannot enforce.
 	CodeDiskQuotaUnsupported = "disk_quota_unsupported" // 503

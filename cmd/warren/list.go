@@ -65,7 +65,7 @@ func newNodeLsCmd(a *app) *cobra.Command {
 				}
 				return writeJSON(a.stdout, api.NodeList{Nodes: nodes})
 			}
-			tw := newTable(a.stdout, "ID", "POOL", "HEALTHY", "ADDRESS", "BACKENDS", "CPU", "MEMORY", "SANDBOXES", "DISK-QUOTA", "NETWORK", "SECURITY", "SNAPSHOTS", "PROBLEMS")
+			tw := newTable(a.stdout, "ID", "POOL", "HEALTHY", "ADDRESS", "BACKENDS", "LAYERS", "CPU", "MEMORY", "SANDBOXES", "DISK-QUOTA", "NETWORK", "SECURITY", "SNAPSHOTS", "PROBLEMS")
 			for _, n := range nodes {
 				health := "yes"
 				if !n.Healthy {
@@ -79,7 +79,7 @@ func newNodeLsCmd(a *app) *cobra.Command {
 				if n.Network {
 					network = "yes"
 				}
-				row(tw, n.ID, pool, health, orDash(n.Address), orDash(backendSummary(n)),
+				row(tw, n.ID, pool, health, orDash(n.Address), orDash(backendSummary(n)), orDash(n.LayerLoading),
 					num(n.Usage.CPU)+"/"+num(n.Capacity.CPU),
 					memHuman(n.Usage.Memory)+"/"+memHuman(n.Capacity.Memory),
 					sandboxCount(n),

@@ -147,3 +147,17 @@ func machineFlags(f *pflag.FlagSet, cfg *daemon.MachineConfig) {
 	f.BoolVar(&cfg.DAX, "vm-dax", false, "attach microVMs' layers on virtio-pmem with DAX, sharing the host's page cache between guests")
 	f.BoolVar(&cfg.Off, "no-microvm", false, "run no microVM sandboxes on this node")
 }
+
+// layersFlags are the flags of the roles that run sandboxes: how the node
+// loads their layers.
+func layersFlags(f *pflag.FlagSet, cfg *daemon.LayersConfig) {
+	f.BoolVar(&cfg.Lazy, "lazy-layers", false, "load layers on demand, chunk by chunk on first read (FUSE), instead of each whole before its first start")
+	f.Func("chunk-cache", "with --lazy-layers: the local chunk cache's size (default 16Gi)", func(s string) error {
+		q, err := api.ParseQuantity(s)
+		if err != nil || q <= 0 {
+			return fmt.Errorf("chunk cache %q: want a size such as 16Gi", s)
+		}
+		cfg.CacheBytes = int64(q)
+		return nil
+	})
+}

@@ -175,6 +175,7 @@ s3://bucket/prefix?endpoint=host:port (see "warren apiserver --help").`,
 	f.BoolVar(&cfg.StopSandboxes, "stop-sandboxes", false, "end every sandbox of this node when the agent stops (default: they keep running and the next agent on --data-dir re-adopts them)")
 	networkConfigFlags(f, &cfg.Network)
 	machineFlags(f, &cfg.Machines)
+	layersFlags(f, &cfg.Layers)
 	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	return cmd
 }

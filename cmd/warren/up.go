@@ -57,6 +57,7 @@ It serves plain HTTP (on loopback by default) unless given --tls-cert and
 	fnFlags(f, &cfg.Fn)
 	networkConfigFlags(f, &cfg.Network)
 	machineFlags(f, &cfg.Machines)
+	layersFlags(f, &cfg.Layers)
 	f.BoolVarP(&verbose, "verbose", "v", false, "debug logging")
 	return cmd
 }

@@ -82,6 +82,8 @@ type AgentConfig struct {
 	Backend string
 	// Machines configures the microvm backend (not on a simulated node).
 	Machines MachineConfig
+	// Layers says how the node loads layers (eager or lazy).
+	Layers LayersConfig
 	// Simulated, if set, makes the node's backend instead of the
 	// container backend (its argument is a directory for its state): a
 	// program that simulates nodes (tests, bench/controlplane) passes
@@ -158,6 +160,11 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 		return err
 	}
 	cache := image.NewCache(filepath.Join(nodeDir, "cache"), blobs)
+	unlazy, err := setupLayers(nodeDir, cache, blobs, cfg.Layers, log)
+	if err != nil {
+		return err
+	}
+	defer unlazy()
 	mounts := image.NewMounts(filepath.Join(nodeDir, "layers"))
 	var b backend.Backend
 	switch {

@@ -57,6 +57,8 @@ type UpConfig struct {
 	Network NetworkConfig
 	// Machines configures the microvm backend.
 	Machines MachineConfig
+	// Layers says how the node loads layers (eager or lazy).
+	Layers LayersConfig
 }
 
 // DefaultDataDir and DefaultListen are where `warren up` keeps its state
@@ -116,6 +118,11 @@ func Up(ctx context.Context, cfg UpConfig) error {
 		return err
 	}
 	cache := image.NewCache(filepath.Join(nodeDir, "cache"), imgs.blobs)
+	unlazy, err := setupLayers(nodeDir, cache, imgs.blobs, cfg.Layers, log)
+	if err != nil {
+		return err
+	}
+	defer unlazy()
 	network, netProblem, stopNetwork := startNetwork(ctx, cfg.Network, filepath.Join(nodeDir, "network"), nil, log)
 	defer stopNetwork()
 	agent, err := node.New(ctx, node.Config{

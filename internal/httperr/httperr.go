@@ -132,6 +132,8 @@ func infraReason(err error, code string) string {
 		return "internal platform error"
 	case api.CodeUnavailable:
 		return "a platform component is unavailable"
+	case api.CodeImageUnavailable:
+		return "the sandbox's image could not be read from the blob store"
 	}
 	return ""
 }
@@ -152,7 +154,7 @@ func kindOfCode(code string) error {
 		return errdefs.ErrConflict
 	case api.CodeExhausted, api.CodeNodeFull:
 		return errdefs.ErrExhausted
-	case api.CodeUnavailable, api.CodeBackendUnavailable, api.CodeRuntimeUnavailable:
+	case api.CodeUnavailable, api.CodeBackendUnavailable, api.CodeRuntimeUnavailable, api.CodeImageUnavailable:
 		return errdefs.ErrUnavailable
 	case api.CodePortUnreachable:
 		return errdefs.ErrUnreachable

@@ -16,6 +16,7 @@ import (
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/blob"
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/lazy"
 )
 
 // Cache keeps whole layer files on a node's local disk, assembled from the
@@ -31,8 +32,9 @@ import (
 // into place only when complete. A present file is trusted: it is not
 // re-hashed on every Fetch.
 type Cache struct {
-	dir string
-	bs  blob.Store
+	dir  string
+	bs   blob.Store
+	lazy *lazy.FS // set: layers are served on demand (SetLazy)
 
 	mu       sync.Mutex
 	inflight map[string]*fetch
@@ -68,8 +70,29 @@ func (c *Cache) Path(digest string) (string, error) {
 	return filepath.Join(c.dir, blob.Algorithm, h), nil
 }
 
+// SetLazy makes Fetch serve layers not cached whole through the lazy
+// layer filesystem f: only the manifest is read first (and kept under
+// <dir>/manifests, for restarts), the layer appears as a file on f, and
+// its data is fetched chunk by chunk on first read (package lazy).
+func (c *Cache) SetLazy(f *lazy.FS) { c.lazy = f }
+
+// Lazy is the lazy layer filesystem Fetch serves through, or nil.
+func (c *Cache) Lazy() *lazy.FS { return c.lazy }
+
+// Loading says how the node loads layers (api.LayersEager or LayersLazy)
+// and, lazily, its chunk cache's totals.
+func (c *Cache) Loading() (string, *api.LayerCacheStats) {
+	if c.lazy == nil {
+		return api.LayersEager, nil
+	}
+	st := c.lazy.Cache().Stats()
+	return api.LayersLazy, &api.LayerCacheStats{Hits: st.Hits, Misses: st.Misses, Fetches: st.Fetches, FetchErrors: st.FetchErrors,
+		FetchedBytes: st.Fetched, WrittenBytes: st.Written, Evicted: st.Evicted, UsedBytes: st.Used, LimitBytes: st.Limit, FetchMs: st.FetchTime.Milliseconds()}
+}
+
 // Fetch returns the local EROFS file of the layer whose manifest has
-// digest, assembling it first if it is not cached. It costs one stat when
+// digest, assembling it first if it is not cached (or, lazily, making it
+// appear on the lazy filesystem: SetLazy). It costs one stat when
 // cached; otherwise one read of the image's chunks and one hash of it.
 // Errors: ErrInvalid for a malformed digest, manifest or content that does
 // not match its digest, ErrNotFound (code "layer_not_found") if the blob
@@ -84,6 +107,9 @@ func (c *Cache) Fetch(ctx context.Context, digest string) (backend.Layer, error)
 		now := time.Now()
 		os.Chtimes(path, now, now)
 		return backend.Layer{Digest: digest, Path: path}, nil
+	}
+	if c.lazy != nil {
+		return c.fetchLazy(ctx, digest)
 	}
 
 	c.mu.Lock()
@@ -322,4 +348,60 @@ func (c *Cache) List() ([]string, error) {
 	}
 	sort.Strings(out)
 	return out, nil
+}
+
+// fetchLazy makes the layer of manifest digest appear on the lazy
+// filesystem. The manifest comes from the local copy if there is one.
+// A blob store that cannot be reached is ErrUnavailable with code
+// image_unavailable.
+func (c *Cache) fetchLazy(ctx context.Context, digest string) (backend.Layer, error) {
+	h, err := blob.ParseDigest(digest)
+	if err != nil {
+		return backend.Layer{}, err
+	}
+	local := filepath.Join(c.dir, "manifests", h)
+	var m Manifest
+	b, err := os.ReadFile(local)
+	if err == nil && blob.FromBytes(b) == digest {
+		m, err = DecodeManifest(b, digest)
+	} else {
+		m, err = ReadManifest(ctx, c.bs, digest)
+		if err == nil {
+			if enc, _, eerr := m.Encode(); eerr == nil && os.MkdirAll(filepath.Dir(local), 0o755) == nil {
+				writeFileAtomic(local, enc)
+			}
+		}
+	}
+	if err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrInvalid) || ctx.Err() != nil {
+			return backend.Layer{}, fmt.Errorf("fetch layer %s: %w", digest, err)
+		}
+		return backend.Layer{}, errdefs.New(errdefs.ErrUnavailable, api.CodeImageUnavailable, "layer %s: its manifest cannot be read from the blob store: %v", digest, err)
+	}
+	chunks := make([]lazy.Chunk, len(m.Chunks))
+	for i, ch := range m.Chunks {
+		chunks[i] = lazy.Chunk{Digest: ch.Digest, Size: ch.Size}
+	}
+	path, err := c.lazy.Add(digest, m.Size, chunks)
+	if err != nil {
+		return backend.Layer{}, fmt.Errorf("fetch layer %s: %w", digest, err)
+	}
+	return backend.Layer{Digest: digest, Path: path}, nil
+}
+
+// writeFileAtomic writes b to path through a temporary file and a rename.
+func writeFileAtomic(path string, b []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	_, err = tmp.Write(b)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
 }

@@ -132,6 +132,14 @@ func ReadManifest(ctx context.Context, bs blob.Store, digest string) (Manifest, 
 	if err != nil {
 		return m, fmt.Errorf("layer manifest %s: %w", digest, err)
 	}
+	return DecodeManifest(b, digest)
+}
+
+// DecodeManifest decodes and validates the manifest b, whose digest
+// (already checked) names it in errors. ErrInvalid if it is not a
+// well-formed manifest.
+func DecodeManifest(b []byte, digest string) (Manifest, error) {
+	var m Manifest
 	if len(b) > maxManifest {
 		return m, errdefs.New(errdefs.ErrInvalid, "invalid_manifest", "layer manifest %s: larger than %d bytes", digest, maxManifest)
 	}

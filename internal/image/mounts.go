@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/loopdev"
@@ -297,6 +298,10 @@ func mountLayer(file, target string) error {
 		os.Remove(target)
 		if errors.Is(err, unix.ENODEV) {
 			return errdefs.Unavailable("kernel lacks erofs: %v", err)
+		}
+		if errors.Is(err, unix.EIO) {
+			// A layer served on demand whose blob store cannot be read.
+			return errdefs.New(errdefs.ErrUnavailable, api.CodeImageUnavailable, "mount layer %s: cannot read it: %v", file, err)
 		}
 		return fmt.Errorf("mount erofs %s on %s: %w", file, target, err)
 	}

@@ -365,6 +365,11 @@ func (a *Agent) Status() api.Node {
 		Runtimes:  slices.Clone(a.runtimes),
 	}
 	n.PauseReclaim = reclaim
+	if l, ok := a.cfg.Layers.(interface {
+		Loading() (string, *api.LayerCacheStats)
+	}); ok {
+		n.LayerLoading, n.LayerCache = l.Loading()
+	}
 	for name, b := range a.backends {
 		n.Backends = append(n.Backends, name)
 		if ab, ok := b.(backend.Accelerated); ok {
