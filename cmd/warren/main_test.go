@@ -303,10 +303,11 @@ func TestImageAndNodeLs(t *testing.T) {
 	}
 	lines := strings.Split(r.stdout, "\n")
 	head, row := strings.Fields(lines[0]), strings.Fields(lines[1])
-	if len(head) != 13 || head[8] != "DISK-QUOTA" || head[9] != "NETWORK" || head[10] != "SECURITY" || head[11] != "SNAPSHOTS" || head[12] != "PROBLEMS" || len(row) < 12 ||
-		!slices.Contains([]string{"-", "none", "btrfs", "xfs", "ext4"}, row[8]) || !slices.Contains([]string{"yes", "no"}, row[9]) || row[10] != "-" && !strings.HasPrefix(row[10], "6-measures,landlock:") ||
-		!slices.Contains([]string{"-", "filesystem"}, row[11]) {
-		t.Errorf("node ls: header %q, row %q; want DISK-QUOTA, NETWORK, SECURITY and SNAPSHOTS columns before PROBLEMS", head, row)
+	if len(head) != 14 || head[5] != "LAYERS" || head[9] != "DISK-QUOTA" || head[10] != "NETWORK" || head[11] != "SECURITY" || head[12] != "SNAPSHOTS" || head[13] != "PROBLEMS" || len(row) < 13 ||
+		!slices.Contains([]string{"-", "eager", "lazy"}, row[5]) ||
+		!slices.Contains([]string{"-", "none", "btrfs", "xfs", "ext4"}, row[9]) || !slices.Contains([]string{"yes", "no"}, row[10]) || row[11] != "-" && !strings.HasPrefix(row[11], "6-measures,landlock:") ||
+		!slices.Contains([]string{"-", "filesystem"}, row[12]) {
+		t.Errorf("node ls: header %q, row %q; want LAYERS after BACKENDS, and DISK-QUOTA, NETWORK, SECURITY and SNAPSHOTS columns before PROBLEMS", head, row)
 	}
 }
 

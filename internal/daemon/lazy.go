@@ -43,8 +43,13 @@ func setupLayers(nodeDir string, cache *image.Cache, blobs blob.Store, cfg Layer
 		return nil, fmt.Errorf("lazy layers: %w", err)
 	}
 	mnt := filepath.Join(nodeDir, "lazy", "mnt")
-	// A mount an earlier agent left behind is dead (its server went with
-	// it): detached, so the new one can take its place.
+	// A filesystem an earlier agent left behind is dead (its server went
+	// with it), and so are the layer mounts on its files: they are
+	// detached, so that new sandboxes mount their layers afresh. Sandboxes
+	// still running on them read EIO: said here, for the operator.
+	if dead, err := image.DetachMountsOf(mnt); len(dead) > 0 || err != nil {
+		log.Warn("lazy layers: layer mounts of the earlier agent's filesystem detached; sandboxes using them read EIO until recreated", "mounts", len(dead), "err", err)
+	}
 	if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 		log.Warn("lazy layers: unmount the earlier filesystem", "dir", mnt, "err", err)
 	}

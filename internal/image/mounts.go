@@ -395,6 +395,38 @@ func MountsUnder(dir string) ([]string, error) {
 	return out, sc.Err()
 }
 
+// DetachMountsOf detaches (MNT_DETACH) every EROFS mount whose image file
+// is under dir, and returns their mountpoints: the layer mounts of a lazy
+// layer filesystem that went away (an agent restart), which read EIO from
+// then on. Mounts.Acquire mounts those layers afresh; sandboxes already
+// on them keep the dead mounts.
+func DetachMountsOf(dir string) ([]string, error) {
+	dir = filepath.Clean(dir)
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	var errs []error
+	for _, line := range strings.Split(string(b), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		fields, tail := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(fields) < 5 || len(tail) < 2 || tail[0] != "erofs" {
+			continue
+		}
+		if src := unescapeMountinfo(tail[1]); !strings.HasPrefix(src, dir+"/") {
+			continue
+		}
+		mp := unescapeMountinfo(fields[4])
+		if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			errs = append(errs, fmt.Errorf("detach %s: %w", mp, err))
+			continue
+		}
+		out = append(out, mp)
+	}
+	return out, errors.Join(errs...)
+}
+
 // unescapeMountinfo undoes the octal escapes (\040 for a space) the kernel
 // puts in mountinfo paths.
 func unescapeMountinfo(s string) string {

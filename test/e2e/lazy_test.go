@@ -72,4 +72,16 @@ func TestUpLazyLayers(t *testing.T) {
 	if st.Hits == 0 {
 		t.Errorf("no chunk read from the cache: %+v", st)
 	}
+
+	// The agent dies hard, and its FUSE server with it: the next one
+	// detaches the dead layer mounts, and new sandboxes start.
+	c.Kill9()
+	c.StartWith()
+	if !strings.Contains(c.Log.String(), "layer mounts of the earlier agent's filesystem detached") {
+		t.Errorf("the restarted agent did not report the dead layer mounts:\n%s", c.Log)
+	}
+	sb := strings.TrimSpace(c.MustRun("sandbox", "create", "--image", img))
+	if out := c.MustRun("exec", sb, "--", "python3", "-c", "print('after a restart')"); out != "after a restart\n" {
+		t.Errorf("python in a sandbox created after the agent's restart: %q", out)
+	}
 }

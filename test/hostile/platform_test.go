@@ -410,7 +410,7 @@ func testSnapshotPlant(t *testing.T, p *platform) {
 // next call resumes it.
 func testPauseEvade(t *testing.T, p *platform) {
 	id := p.sandbox(t)
-	p.sh(t, id, `(i=0; while :; do i=$((i+1)); echo $i > /count; (true &) ; sleep 0.02; done) > /dev/null 2>&1 &
+	p.sh(t, id, `(i=0; while :; do i=$((i+1)); echo $i > /count.new; mv /count.new /count; (true &) ; sleep 0.02; done) > /dev/null 2>&1 &
 (while :; do for f in /sys/fs/cgroup/cgroup.freeze /sys/fs/cgroup/freezer/freezer.state /sys/fs/cgroup/freezer.state; do
   echo 0 > $f; echo THAWED > $f; done 2>/dev/null; sleep 0.05; done) > /dev/null 2>&1 &
 sleep 0.3; echo started`)
