@@ -14,15 +14,7 @@ import (
 // node fetched a part of the image, not all of it.
 func TestUpLazyLayers(t *testing.T) {
 	testutil.RequireContainers(t)
-	c := &cluster{T: t, Bin: warrenBin(t), DataDir: t.TempDir(), Addr: freeAddr(t), Args: []string{"--no-fn", "--no-microvm", "--lazy-layers", "--chunk-cache", "1Gi"}}
-	c.Start()
-	t.Cleanup(func() {
-		c.Run("sandbox", "rm", "--all")
-		c.Stop()
-		if t.Failed() {
-			t.Logf("warren up log:\n%s", c.Log)
-		}
-	})
+	c := startUpWith(t, "--no-fn", "--no-microvm", "--lazy-layers", "--chunk-cache", "1Gi")
 	node := func() api.Node {
 		var nodes api.NodeList
 		mustJSON(t, c.MustRun("node", "ls", "-o", "json"), &nodes)

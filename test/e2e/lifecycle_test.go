@@ -18,15 +18,7 @@ import (
 func TestUpSandboxLifecycle(t *testing.T) {
 	testutil.RequireContainers(t)
 	testutil.RequireBinary(t, "go")
-	c := &cluster{T: t, Bin: warrenBin(t), DataDir: t.TempDir(), Addr: freeAddr(t), Args: []string{"--stop-sandboxes", "--no-fn"}}
-	c.Start()
-	t.Cleanup(func() {
-		c.Run("sandbox", "rm", "--all")
-		c.Stop()
-		if t.Failed() {
-			t.Logf("warren up log:\n%s", c.Log)
-		}
-	})
+	c := startUpWith(t, "--stop-sandboxes", "--no-fn")
 
 	idle := strings.TrimSpace(c.MustRun("sandbox", "create", "--image", "busybox", "--idle-timeout", "2s"))
 	if _, stderr, code := c.Run("exec", idle, "--", "sleep", "6"); code != 0 {

@@ -435,7 +435,14 @@ func ociTopLayer(t *testing.T, dir string) []string {
 // every sandbox and stops it (printing its log if t failed).
 func startUp(t *testing.T) *cluster {
 	t.Helper()
-	c := &cluster{T: t, Bin: warrenBin(t), DataDir: t.TempDir(), Addr: freeAddr(t), Args: []string{"--no-fn"}}
+	return startUpWith(t, "--no-fn")
+}
+
+// startUpWith is startUp with these `warren up` flags (and not --no-fn
+// unless given).
+func startUpWith(t *testing.T, args ...string) *cluster {
+	t.Helper()
+	c := &cluster{T: t, Bin: warrenBin(t), DataDir: t.TempDir(), Addr: freeAddr(t), Args: args}
 	c.Start()
 	t.Cleanup(func() {
 		c.Run("sandbox", "rm", "--all")
