@@ -373,26 +373,15 @@ func mountpointsUnder(dir string) ([]string, error) {
 // /proc/self/mountinfo, deepest first (the order to unmount them in).
 func MountsUnder(dir string) ([]string, error) {
 	dir = filepath.Clean(dir)
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
+	all, err := mountinfo()
 	var out []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 {
-			continue
-		}
-		mp := unescapeMountinfo(fields[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
+	for _, m := range all {
+		if m.point == dir || strings.HasPrefix(m.point, dir+"/") {
+			out = append(out, m.point)
 		}
 	}
 	sort.SliceStable(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
-	return out, sc.Err()
+	return out, err
 }
 
 // DetachMountsOf detaches (MNT_DETACH) every EROFS mount whose image file
@@ -402,29 +391,51 @@ func MountsUnder(dir string) ([]string, error) {
 // on them keep the dead mounts.
 func DetachMountsOf(dir string) ([]string, error) {
 	dir = filepath.Clean(dir)
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	all, err := mountinfo()
 	if err != nil {
 		return nil, err
 	}
 	var out []string
 	var errs []error
-	for _, line := range strings.Split(string(b), "\n") {
-		pre, post, ok := strings.Cut(line, " - ")
-		fields, tail := strings.Fields(pre), strings.Fields(post)
-		if !ok || len(fields) < 5 || len(tail) < 2 || tail[0] != "erofs" {
+	for _, m := range all {
+		if m.fstype != "erofs" || !strings.HasPrefix(m.source, dir+"/") {
 			continue
 		}
-		if src := unescapeMountinfo(tail[1]); !strings.HasPrefix(src, dir+"/") {
+		if err := unix.Unmount(m.point, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
+			errs = append(errs, fmt.Errorf("detach %s: %w", m.point, err))
 			continue
 		}
-		mp := unescapeMountinfo(fields[4])
-		if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
-			errs = append(errs, fmt.Errorf("detach %s: %w", mp, err))
-			continue
-		}
-		out = append(out, mp)
+		out = append(out, m.point)
 	}
 	return out, errors.Join(errs...)
+}
+
+// mount is one line of /proc/self/mountinfo.
+type mount struct{ point, fstype, source string }
+
+// mountinfo reads /proc/self/mountinfo.
+func mountinfo() ([]mount, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []mount
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		pre, post, _ := strings.Cut(sc.Text(), " - ")
+		fields, tail := strings.Fields(pre), strings.Fields(post)
+		if len(fields) < 5 {
+			continue
+		}
+		m := mount{point: unescapeMountinfo(fields[4])}
+		if len(tail) >= 2 {
+			m.fstype, m.source = tail[0], unescapeMountinfo(tail[1])
+		}
+		out = append(out, m)
+	}
+	return out, sc.Err()
 }
 
 // unescapeMountinfo undoes the octal escapes (\040 for a space) the kernel

@@ -3,8 +3,6 @@ package lazy
 import (
 	"container/list"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -266,8 +264,7 @@ func (c *Cache) fetchOnce(ctx context.Context, digest string, size int64) error 
 	}
 	c.stats.fetches.Add(1)
 	c.stats.fetched.Add(int64(len(b)))
-	sum := sha256.Sum256(b)
-	if int64(len(b)) != size || "sha256:"+hex.EncodeToString(sum[:]) != digest {
+	if int64(len(b)) != size || blob.FromBytes(b) != digest {
 		return fmt.Errorf("chunk %s (%d bytes, want %d): %w", digest, len(b), size, errCorrupt)
 	}
 	tmp, err := os.CreateTemp(c.dir, ".fetch-")

@@ -12,7 +12,6 @@ import (
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/image"
-	"github.com/warrenhq/warren/internal/rootfs"
 )
 
 // With DAX, each layer is mapped into the guests as a virtio-pmem device
@@ -100,22 +99,4 @@ func sparseTree(dir string, size int64) bool {
 		return nil
 	})
 	return total > 2*size+64<<20
-}
-
-// copyFile copies src to dst (a clone where the filesystem can).
-func copyFile(src, dst string) (bool, error) {
-	if filepath.Base(src) == filepath.Base(dst) {
-		return rootfs.CopyFile(src, dst)
-	}
-	tmp, err := os.MkdirTemp(filepath.Dir(dst), ".copy-")
-	if err != nil {
-		return false, err
-	}
-	defer os.RemoveAll(tmp)
-	mid := filepath.Join(tmp, filepath.Base(src))
-	reflink, err := rootfs.CopyFile(src, mid)
-	if err != nil {
-		return false, err
-	}
-	return reflink, os.Rename(mid, dst)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/qemu"
+	"github.com/warrenhq/warren/internal/rootfs"
 )
 
 // The vm backend (Config.Kind KindVM) runs a whole machine: q35 booted
@@ -240,4 +241,22 @@ func (m *MicroVM) Input(ctx context.Context, id string, events []backend.InputEv
 		}
 		return nil
 	})
+}
+
+// copyFile copies src to dst (a clone where the filesystem can).
+func copyFile(src, dst string) (bool, error) {
+	if filepath.Base(src) == filepath.Base(dst) {
+		return rootfs.CopyFile(src, dst)
+	}
+	tmp, err := os.MkdirTemp(filepath.Dir(dst), ".copy-")
+	if err != nil {
+		return false, err
+	}
+	defer os.RemoveAll(tmp)
+	mid := filepath.Join(tmp, filepath.Base(src))
+	reflink, err := rootfs.CopyFile(src, mid)
+	if err != nil {
+		return false, err
+	}
+	return reflink, os.Rename(mid, dst)
 }
