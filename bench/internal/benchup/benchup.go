@@ -26,38 +26,99 @@ import (
 // FnCall and publishing no runtime images, until ctx ends, and returns a
 // client of it.
 func Proc(ctx context.Context, bin, dataDir string) (*client.Client, error) {
+	d, err := StartProc(ctx, bin, dataDir)
+	if err != nil {
+		return nil, err
+	}
+	return d.Client, nil
+}
+
+// Daemon is a `warren up` running in a process of its own.
+type Daemon struct {
+	Client *client.Client
+	Cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+// StartProc runs `bin up` on dataDir with args added, serving no FnCall and
+// publishing no runtime images, until ctx ends or Stop, and waits until
+// it answers. Its log goes to dataDir + ".log".
+func StartProc(ctx context.Context, bin, dataDir string, args ...string) (*Daemon, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	logf, err := os.Create(dataDir + ".log")
+	logf, err := os.OpenFile(dataDir+".log", os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, bin, "up", "--data-dir", dataDir, "--listen", addr, "--no-fn",
-		"--image-cache", filepath.Join(dataDir, "no-images"))
+	cmd := exec.CommandContext(ctx, bin, append([]string{"up", "--data-dir", dataDir, "--listen", addr, "--no-fn",
+		"--image-cache", filepath.Join(dataDir, "no-images")}, args...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Cancel = func() error { return cmd.Process.Signal(unix.SIGTERM) }
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	go func() { cmd.Wait(); logf.Close() }()
+	d := &Daemon{Cmd: cmd, exited: make(chan struct{})}
+	go func() { cmd.Wait(); logf.Close(); close(d.exited) }()
 	deadline := time.Now().Add(time.Minute)
 	for {
 		tok, err := os.ReadFile(filepath.Join(dataDir, daemon.AdminTokenFile))
 		if err == nil && len(strings.TrimSpace(string(tok))) > 0 {
 			c := client.New("http://"+addr, strings.TrimSpace(string(tok)))
 			if _, err := c.GetImage(ctx, "busybox"); err == nil {
-				return c, nil
+				d.Client = c
+				return d, nil
 			}
 		}
+		select {
+		case <-d.exited:
+			return nil, fmt.Errorf("%s up exited: %s", bin, logTail(dataDir+".log"))
+		default:
+		}
 		if time.Now().After(deadline) {
+			d.Stop()
 			return nil, fmt.Errorf("%s up did not answer within a minute (log: %s.log)", bin, dataDir)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// logTail is the end of a log, for an error.
+func logTail(path string) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}
+
+// Stop ends the daemon (SIGTERM, then SIGKILL after a minute) and waits
+// for it to exit.
+func (d *Daemon) Stop() {
+	d.Cmd.Process.Signal(unix.SIGTERM)
+	select {
+	case <-d.exited:
+	case <-time.After(time.Minute):
+		d.Cmd.Process.Kill()
+		<-d.exited
+	}
+}
+
+// Build compiles ./cmd/warren into dir/bin (run from the repository's root)
+// and returns the binary, with warren's helpers (bin/) findable by it.
+func Build(ctx context.Context, dir string) (string, error) {
+	if err := findHelpers(); err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "bin", "warren")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/warren")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build ./cmd/warren: %v\n%s", err, out)
+	}
+	return bin, nil
 }
 
 // InProcess runs `warren up` in this process on dataDir until ctx ends
