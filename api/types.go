@@ -669,7 +669,9 @@ const (
 )
 
 // LayerCacheStats are a lazily loading node's chunk cache totals since
-// its agent started.
+// its layer server started (it outlives agent restarts). A "chunk" read
+// or fetch here is one piece: a 64 KiB block of a chunk, or a whole chunk
+// of a layer whose manifest lists no blocks.
 type LayerCacheStats struct {
 	Hits         int64 `json:"hits"`          // chunk reads served from the local cache
 	Misses       int64 `json:"misses"`        // chunk reads that waited for a fetch

@@ -133,6 +133,7 @@ func newRootCmd(a *app) *cobra.Command {
 	root.AddCommand(newPortForwardCmd(a))            // portforward.go
 	root.AddCommand(newSnapshotCmd(a))               // snapshot.go
 	root.AddCommand(newScreenCmd(a), newInputCmd(a)) // display.go
+	root.AddCommand(newLazydCmd())                   // lazyd.go
 	return root
 }
 

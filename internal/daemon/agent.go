@@ -14,6 +14,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/internal/backend"
@@ -160,11 +163,12 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 		return err
 	}
 	cache := image.NewCache(filepath.Join(nodeDir, "cache"), blobs)
-	unlazy, err := setupLayers(nodeDir, cache, blobs, cfg.Layers, log)
+	metrics := prometheus.NewRegistry() // the node's, on its node API's /metrics
+	layers, err := setupLayers(nodeDir, nodeID, cache, blobsOf(cfg.Blobs, dir), cfg.Layers, metrics, log)
 	if err != nil {
 		return err
 	}
-	defer unlazy()
+	defer layers.Close()
 	mounts := image.NewMounts(filepath.Join(nodeDir, "layers"))
 	var b backend.Backend
 	switch {
@@ -265,10 +269,11 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	// This node's own secret, new at every start: only the apiservers
 	// learn it, from the registration.
 	secret := randomHex(32)
-	nsrv := nodeapi.NewServer(agent, nodeapi.Secret(secret), log)
+	nsrv := nodeapi.NewServer(layers.Node(agent, fn), nodeapi.Secret(secret), log) // the node's problems include its layer server's
 	if fn != nil {
 		nsrv.ServeFn(fn)
 	}
+	nsrv.ServeMetrics(promhttp.HandlerFor(metrics, promhttp.HandlerOpts{}))
 	httpSrv := startHTTP(ln, nsrv)
 
 	status := agent.Status()

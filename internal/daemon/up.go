@@ -20,6 +20,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/apiserver"
 	"github.com/warrenhq/warren/internal/backend"
@@ -118,11 +120,14 @@ func Up(ctx context.Context, cfg UpConfig) error {
 		return err
 	}
 	cache := image.NewCache(filepath.Join(nodeDir, "cache"), imgs.blobs)
-	unlazy, err := setupLayers(nodeDir, cache, imgs.blobs, cfg.Layers, log)
+	// One registry for the apiserver's metrics and the node's: up serves
+	// both on its API's /metrics, the one address there is to scrape.
+	reg := prometheus.NewRegistry()
+	layers, err := setupLayers(nodeDir, nodeID, cache, blobsOf(cfg.Blobs, dir), cfg.Layers, reg, log)
 	if err != nil {
 		return err
 	}
-	defer unlazy()
+	defer layers.Close()
 	network, netProblem, stopNetwork := startNetwork(ctx, cfg.Network, filepath.Join(nodeDir, "network"), nil, log)
 	defer stopNetwork()
 	agent, err := node.New(ctx, node.Config{
@@ -168,7 +173,8 @@ func Up(ctx context.Context, cfg UpConfig) error {
 	collector := newCollector(imgs.images, agent, fn, cache, log)
 	go collector.run(ctx)
 	acfg := imgs.serverConfig(cache, mounts, collector, ids, log)
-	acfg.Node = agent
+	acfg.Node = layers.Node(agent, fn) // the node's problems include its layer server's
+	acfg.Registry = reg
 	acfg.DefaultResources.Disk = api.Quantity(cfg.DefaultDisk) // quota counts the node's default
 	if fn != nil {
 		acfg.Fn = fn

@@ -34,7 +34,7 @@ import (
 type Cache struct {
 	dir  string
 	bs   blob.Store
-	lazy *lazy.FS // set: layers are served on demand (SetLazy)
+	lazy lazy.Layers // set: layers are served on demand (SetLazy)
 
 	mu       sync.Mutex
 	inflight map[string]*fetch
@@ -71,21 +71,27 @@ func (c *Cache) Path(digest string) (string, error) {
 }
 
 // SetLazy makes Fetch serve layers not cached whole through the lazy
-// layer filesystem f: only the manifest is read first (and kept under
-// <dir>/manifests, for restarts), the layer appears as a file on f, and
-// its data is fetched chunk by chunk on first read (package lazy).
-func (c *Cache) SetLazy(f *lazy.FS) { c.lazy = f }
+// layers l (a layer server, or a filesystem in this process): only the
+// manifest is read first (and kept under <dir>/manifests, for restarts),
+// the layer appears as a file on l's filesystem, and its data is fetched
+// chunk by chunk on first read (package lazy). Call it before the first
+// Fetch.
+func (c *Cache) SetLazy(l lazy.Layers) { c.lazy = l }
 
-// Lazy is the lazy layer filesystem Fetch serves through, or nil.
-func (c *Cache) Lazy() *lazy.FS { return c.lazy }
+// Lazy is the lazy layers Fetch serves through, or nil.
+func (c *Cache) Lazy() lazy.Layers { return c.lazy }
 
 // Loading says how the node loads layers (api.LayersEager or LayersLazy)
-// and, lazily, its chunk cache's totals.
+// and, lazily, its chunk cache's totals (none while they cannot be read:
+// the layer server is down).
 func (c *Cache) Loading() (string, *api.LayerCacheStats) {
 	if c.lazy == nil {
 		return api.LayersEager, nil
 	}
-	st := c.lazy.Cache().Stats()
+	st, err := c.lazy.Stats()
+	if err != nil {
+		return api.LayersLazy, nil
+	}
 	return api.LayersLazy, &api.LayerCacheStats{Hits: st.Hits, Misses: st.Misses, Fetches: st.Fetches, FetchErrors: st.FetchErrors,
 		FetchedBytes: st.Fetched, WrittenBytes: st.Written, Evicted: st.Evicted, UsedBytes: st.Used, LimitBytes: st.Limit, FetchMs: st.FetchTime.Milliseconds()}
 }
@@ -378,11 +384,11 @@ func (c *Cache) fetchLazy(ctx context.Context, digest string) (backend.Layer, er
 		}
 		return backend.Layer{}, errdefs.New(errdefs.ErrUnavailable, api.CodeImageUnavailable, "layer %s: its manifest cannot be read from the blob store: %v", digest, err)
 	}
-	chunks := make([]lazy.Chunk, len(m.Chunks))
+	l := lazy.Layer{Digest: digest, Size: m.Size, BlockSize: m.BlockSize, Chunks: make([]lazy.Chunk, len(m.Chunks))}
 	for i, ch := range m.Chunks {
-		chunks[i] = lazy.Chunk{Digest: ch.Digest, Size: ch.Size}
+		l.Chunks[i] = lazy.Chunk{Digest: ch.Digest, Size: ch.Size, Blocks: ch.Blocks}
 	}
-	path, err := c.lazy.Add(digest, m.Size, chunks)
+	path, err := c.lazy.Add(l)
 	if err != nil {
 		return backend.Layer{}, fmt.Errorf("fetch layer %s: %w", digest, err)
 	}

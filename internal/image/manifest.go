@@ -19,6 +19,13 @@ import (
 // package documentation for why 1 MiB).
 const ChunkSize = 1 << 20
 
+// BlockSize is the grain below the chunk: a manifest lists the digest of
+// every 64 KiB block of each chunk, so that a node loading the layer on
+// demand fetches (by ranged reads) and verifies only the blocks a read
+// needs, not the whole 1 MiB chunk around them. A task that reads a few
+// small files of its image would otherwise fetch ~1 MiB per file.
+const BlockSize = 64 << 10
+
 // ManifestSchema identifies the manifest format; readers refuse others.
 const ManifestSchema = "warren.layer.v1"
 
@@ -44,7 +51,12 @@ type Manifest struct {
 	Image  string `json:"image"` // sha256 of the whole EROFS image
 	Size   int64  `json:"size"`  // of the EROFS image
 	// ChunkSize is the grid: chunks are at most this long.
-	ChunkSize int64   `json:"chunk_size"`
+	ChunkSize int64 `json:"chunk_size"`
+	// BlockSize, if set, is the size of the blocks whose digests each
+	// chunk lists (Chunk.Blocks). Manifests written before blocks existed
+	// have none (the encoding leaves both out, so their digests stand):
+	// nodes load such layers a whole chunk at a time.
+	BlockSize int64   `json:"block_size,omitempty"`
 	Chunks    []Chunk `json:"chunks"`
 }
 
@@ -53,6 +65,18 @@ type Manifest struct {
 type Chunk struct {
 	Digest string `json:"digest"`
 	Size   int64  `json:"size"`
+	// Blocks are the digests of the chunk's Manifest.BlockSize pieces, in
+	// order (the last may be shorter).
+	Blocks []string `json:"blocks,omitempty"`
+}
+
+// blockDigests returns the digests of b's pieces of size bs.
+func blockDigests(b []byte, bs int64) []string {
+	out := make([]string, 0, (int64(len(b))+bs-1)/bs)
+	for off := int64(0); off < int64(len(b)); off += bs {
+		out = append(out, blob.FromBytes(b[off:min(off+bs, int64(len(b)))]))
+	}
+	return out
 }
 
 // Encode returns the manifest's canonical JSON and its digest.
@@ -88,6 +112,9 @@ func (m *Manifest) Validate() error {
 	if m.ChunkSize < minChunkSize || m.ChunkSize > maxChunkSize {
 		return bad("chunk size %d out of range", m.ChunkSize)
 	}
+	if m.BlockSize != 0 && (m.BlockSize < minChunkSize || m.BlockSize > m.ChunkSize) {
+		return bad("block size %d out of range", m.BlockSize)
+	}
 	var total int64
 	for i, c := range m.Chunks {
 		if _, err := blob.ParseDigest(c.Digest); err != nil {
@@ -95,6 +122,17 @@ func (m *Manifest) Validate() error {
 		}
 		if c.Size <= 0 || c.Size > m.ChunkSize {
 			return bad("chunk %d: size %d out of range", i, c.Size)
+		}
+		switch {
+		case m.BlockSize == 0 && len(c.Blocks) > 0:
+			return bad("chunk %d: blocks without a block size", i)
+		case m.BlockSize > 0 && int64(len(c.Blocks)) != (c.Size+m.BlockSize-1)/m.BlockSize:
+			return bad("chunk %d: %d block digests for %d bytes in blocks of %d", i, len(c.Blocks), c.Size, m.BlockSize)
+		}
+		for j, b := range c.Blocks {
+			if _, err := blob.ParseDigest(b); err != nil {
+				return bad("chunk %d, block %d: %v", i, j, err)
+			}
 		}
 		total += c.Size
 	}
@@ -205,7 +243,7 @@ func planManifest(ctx context.Context, path, kind, parent string) (Manifest, err
 	if err != nil {
 		files = nil // a plain grid is still a correct cut, just dedups less
 	}
-	m := Manifest{Schema: ManifestSchema, Kind: kind, Parent: parent, Size: size, ChunkSize: ChunkSize}
+	m := Manifest{Schema: ManifestSchema, Kind: kind, Parent: parent, Size: size, ChunkSize: ChunkSize, BlockSize: BlockSize}
 	whole := blob.NewDigester()
 	buf := make([]byte, ChunkSize)
 	r := io.TeeReader(blob.ContextReader(ctx, f), whole)
@@ -213,7 +251,7 @@ func planManifest(ctx context.Context, path, kind, parent string) (Manifest, err
 		if _, err := io.ReadFull(r, buf[:n]); err != nil {
 			return Manifest{}, fmt.Errorf("read layer image: %w", err)
 		}
-		m.Chunks = append(m.Chunks, Chunk{Digest: blob.FromBytes(buf[:n]), Size: n})
+		m.Chunks = append(m.Chunks, Chunk{Digest: blob.FromBytes(buf[:n]), Size: n, Blocks: blockDigests(buf[:n], BlockSize)})
 	}
 	m.Image = whole.Digest()
 	return m, m.Validate()

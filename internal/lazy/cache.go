@@ -1,6 +1,7 @@
 package lazy
 
 import (
+	"cmp"
 	"container/list"
 	"context"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -18,12 +20,14 @@ import (
 	"github.com/warrenhq/warren/internal/errdefs"
 )
 
-// Cache is the node's chunk cache: one file per chunk, named by its
-// digest, shared by every layer and sandbox on the node, within a size
-// limit (least recently used chunks go first). A chunk is fetched from
-// the blob store once however many readers miss it at once, verified
-// against its digest before anyone reads it, and written whole (renamed
-// into place), so a chunk file is always complete and correct.
+// Cache is the node's chunk cache: one file per piece (a block of a
+// chunk, or a whole chunk of a layer whose manifest lists no blocks),
+// named by its digest, shared by every layer and sandbox on the node,
+// within a size limit (least recently used pieces go first). A piece is
+// fetched from the blob store once however many readers miss it at once
+// (adjacent blocks missed together by one ranged read), verified against
+// its digest before anyone reads it, and written whole (renamed into
+// place), so a piece file is always complete and correct.
 type Cache struct {
 	dir   string
 	store blob.Store
@@ -35,7 +39,8 @@ type Cache struct {
 	used    int64
 	flights map[string]*flight
 
-	stats counters
+	stats   counters
+	evicted atomic.Int64
 }
 
 type entry struct {
@@ -49,25 +54,115 @@ type flight struct {
 	err  error
 }
 
-// counters are the cache's running totals (Stats).
+// counter names one running total of counters.
+type counter int
+
+const (
+	hits counter = iota
+	misses
+	fetches
+	fetchErrors
+	fetchedBytes
+	writtenBytes
+	nCounters
+)
+
+// counters are running totals: a cache's, or one layer's share (Meter).
 type counters struct {
-	hits, misses, fetches, fetchErrors, fetched, written, evicted atomic.Int64
-	fetchNanos                                                    atomic.Int64
+	n         [nCounters]atomic.Int64
+	fetchTime histogram
 }
 
-// Stats are a cache's totals since it was opened.
-type Stats struct {
+func (c *counters) snapshot() Counts {
+	return Counts{
+		Hits: c.n[hits].Load(), Misses: c.n[misses].Load(), Fetches: c.n[fetches].Load(), FetchErrors: c.n[fetchErrors].Load(),
+		Fetched: c.n[fetchedBytes].Load(), Written: c.n[writtenBytes].Load(), FetchLatency: c.fetchTime.snapshot(),
+	}
+}
+
+// Meter is what a read is counted against besides the cache's totals:
+// the reading layer's counters (FS keeps one per layer). A chunk can
+// belong to several layers (chunks are content-addressed): its fetch is
+// charged to the layer whose read caused it, and a later read of it from
+// another layer is that layer's hit. A nil Meter counts in the totals
+// only.
+type Meter struct{ counters }
+
+// Counts returns the meter's totals.
+func (m *Meter) Counts() Counts { return m.snapshot() }
+
+// Counts are running totals of chunk reads and fetches.
+type Counts struct {
 	Hits        int64 `json:"hits"`         // chunk reads served from the cache
 	Misses      int64 `json:"misses"`       // chunk reads that waited for a fetch
 	Fetches     int64 `json:"fetches"`      // chunks fetched from the blob store
 	FetchErrors int64 `json:"fetch_errors"` // failed fetch attempts (retried or not)
 	Fetched     int64 `json:"fetched_bytes"`
 	Written     int64 `json:"written_bytes"` // to the local disk
-	Evicted     int64 `json:"evicted"`       // chunks removed for room
-	Used        int64 `json:"used_bytes"`    // held now
-	Limit       int64 `json:"limit_bytes"`
-	// FetchTime is the time spent fetching (all fetches, summed).
+	// FetchLatency is how long fetches took, each from its first attempt
+	// to its readers' answer (retries and their backoff included; failed
+	// fetches too).
+	FetchLatency Histogram `json:"fetch_latency"`
+}
+
+// Stats are a cache's totals since it was opened, and (FS.Stats) its
+// layers' shares of them.
+type Stats struct {
+	Counts
+	Evicted int64 `json:"evicted"`    // chunks removed for room
+	Used    int64 `json:"used_bytes"` // held now
+	Limit   int64 `json:"limit_bytes"`
+	// FetchTime is the time spent fetching (all fetches, summed: the
+	// latency histogram's Sum).
 	FetchTime time.Duration `json:"fetch_time_ns"`
+	// Layers are the layers' shares, most recently read first; Cache.Stats
+	// leaves them out.
+	Layers []LayerStats `json:"layers,omitempty"`
+}
+
+// LayerStats are one layer's share of a cache's totals: the reads of its
+// file and the fetches they caused.
+type LayerStats struct {
+	Digest string `json:"digest"` // the layer's manifest digest
+	Counts
+}
+
+// FetchBuckets are the upper bounds, in seconds, of the fetch latency
+// histograms' buckets: from a chunk off a local disk (about 1 ms) to one
+// retried against a store that is down (seconds).
+var FetchBuckets = [...]float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+
+// Histogram is a distribution of durations, as Prometheus has one:
+// Counts[i] of the Count observations took at most Bounds[i] seconds
+// (cumulative: the last bucket, +Inf, is Count); Sum is their total.
+type Histogram struct {
+	Bounds []float64 `json:"bounds"` // seconds, ascending
+	Counts []uint64  `json:"counts"`
+	Count  uint64    `json:"count"`
+	Sum    float64   `json:"sum"` // seconds
+}
+
+// histogram counts observations into FetchBuckets, without a lock.
+type histogram struct {
+	buckets  [len(FetchBuckets) + 1]atomic.Uint64 // not cumulative; the last is +Inf
+	sumNanos atomic.Int64
+}
+
+func (h *histogram) observe(d time.Duration) {
+	h.buckets[sort.SearchFloat64s(FetchBuckets[:], d.Seconds())].Add(1)
+	h.sumNanos.Add(int64(d))
+}
+
+func (h *histogram) snapshot() Histogram {
+	out := Histogram{Bounds: append([]float64(nil), FetchBuckets[:]...), Counts: make([]uint64, len(FetchBuckets))}
+	for i := range h.buckets {
+		out.Count += h.buckets[i].Load()
+		if i < len(out.Counts) {
+			out.Counts[i] = out.Count
+		}
+	}
+	out.Sum = time.Duration(h.sumNanos.Load()).Seconds()
+	return out
 }
 
 // fetchAttempts and fetchBackoff: how often a chunk is asked for before a
@@ -121,7 +216,7 @@ func OpenCache(dir string, store blob.Store, limit int64) (*Cache, error) {
 		c.used += e.size
 	}
 	c.mu.Lock()
-	c.evict("")
+	c.evict()
 	c.mu.Unlock()
 	return c, nil
 }
@@ -135,23 +230,50 @@ func (c *Cache) path(digest string) (string, error) {
 	return filepath.Join(c.dir, h), nil
 }
 
-// ReadAt reads len(p) bytes of chunk digest (size bytes long) at off,
-// fetching the chunk first if the cache lacks it.
-func (c *Cache) ReadAt(ctx context.Context, digest string, size int64, p []byte, off int64) error {
-	path, err := c.path(digest)
+// Piece is what the cache holds as one file: a whole chunk (a blob of
+// its own), or a block of one (a range of the chunk's blob, with a digest
+// of its own from the layer's manifest), fetched by a ranged read.
+type Piece struct {
+	Digest string // of the piece's bytes
+	Size   int64
+	Chunk  string // a block: the chunk it is a range of ("" for a chunk)
+	Off    int64  // a block: where in the chunk
+}
+
+// follows says whether p comes right after q in the same chunk, so that
+// one ranged read fetches both.
+func (p Piece) follows(q Piece) bool {
+	return p.Chunk != "" && p.Chunk == q.Chunk && p.Off == q.Off+q.Size
+}
+
+// maxRun bounds the bytes of one ranged fetch of adjacent blocks.
+const maxRun = 4 << 20
+
+// ReadAt reads len(p) bytes of piece at off, fetching it first if the
+// cache lacks it; the read is counted against m too.
+func (c *Cache) ReadAt(ctx context.Context, m *Meter, piece Piece, p []byte, off int64) error {
+	if off < 0 || off+int64(len(p)) > piece.Size {
+		return fmt.Errorf("read of %d bytes at %d past piece %s of %d bytes", len(p), off, piece.Digest, piece.Size)
+	}
+	if err := c.Ensure(ctx, m, piece); err != nil {
+		return err
+	}
+	return c.read(ctx, m, piece, p, off)
+}
+
+// read reads from a piece Ensure made present, fetching it again if it
+// was evicted since.
+func (c *Cache) read(ctx context.Context, m *Meter, piece Piece, p []byte, off int64) error {
+	path, err := c.path(piece.Digest)
 	if err != nil {
 		return err
 	}
-	if off < 0 || off+int64(len(p)) > size {
-		return fmt.Errorf("read of %d bytes at %d past chunk %s of %d bytes", len(p), off, digest, size)
-	}
-	// A chunk evicted between Ensure and the open is fetched again.
 	for try := 0; ; try++ {
-		if err := c.Ensure(ctx, digest, size); err != nil {
-			return err
-		}
 		f, err := os.Open(path)
 		if errors.Is(err, os.ErrNotExist) && try < 3 {
+			if err := c.Ensure(ctx, m, piece); err != nil {
+				return err
+			}
 			continue
 		}
 		if err != nil {
@@ -163,109 +285,205 @@ func (c *Cache) ReadAt(ctx context.Context, digest string, size int64, p []byte,
 	}
 }
 
-// Has says whether chunk digest is in the cache.
+// Has says whether the piece with digest is in the cache.
 func (c *Cache) Has(digest string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.entries[digest] != nil
 }
 
-// Ensure makes chunk digest present in the cache (a recent use), waiting
-// for its fetch.
-func (c *Cache) Ensure(ctx context.Context, digest string, size int64) error {
+// Ensure makes pieces present in the cache (a recent use), waiting for
+// their fetches; adjacent blocks missing together are fetched by one
+// ranged read. Each piece is counted against m too (a hit or a miss, and
+// the fetch if this read starts it).
+func (c *Cache) Ensure(ctx context.Context, m *Meter, pieces ...Piece) error {
 	c.mu.Lock()
-	if el := c.entries[digest]; el != nil {
-		c.lru.MoveToFront(el)
-		c.mu.Unlock()
-		c.stats.hits.Add(1)
-		return nil
+	var wait []*flight
+	var run []Piece
+	start := func() {
+		if len(run) > 0 {
+			c.startFetch(context.WithoutCancel(ctx), m, run)
+			run = nil
+		}
 	}
-	c.stats.misses.Add(1)
-	fl := c.flights[digest]
-	if fl == nil {
-		fl = &flight{done: make(chan struct{})}
-		c.flights[digest] = fl
-		// The fetch is the chunk's, not the first reader's: a reader that
-		// gives up does not fail the others.
-		go c.fetch(context.WithoutCancel(ctx), digest, size, fl)
+	for _, p := range pieces {
+		if el := c.entries[p.Digest]; el != nil {
+			c.lru.MoveToFront(el)
+			c.count(m, hits, 1)
+			start()
+			continue
+		}
+		c.count(m, misses, 1)
+		if fl := c.flights[p.Digest]; fl != nil {
+			wait = append(wait, fl)
+			start()
+			continue
+		}
+		if len(run) > 0 && (!p.follows(run[len(run)-1]) || (p.Off+p.Size)-run[0].Off > maxRun) {
+			start()
+		}
+		run = append(run, p)
+		fl := &flight{done: make(chan struct{})}
+		c.flights[p.Digest] = fl
+		wait = append(wait, fl)
 	}
+	start()
 	c.mu.Unlock()
-	select {
-	case <-fl.done:
-		return fl.err
-	case <-ctx.Done():
-		return ctx.Err()
+	// The fetches are the pieces', not this reader's: a reader that gives
+	// up does not fail the others.
+	for _, fl := range wait {
+		select {
+		case <-fl.done:
+			if fl.err != nil {
+				return fl.err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
+	return nil
 }
 
-// Prefetch fetches chunk digest in the background if the cache lacks it.
-func (c *Cache) Prefetch(digest string, size int64) {
+// Prefetch fetches pieces the cache lacks in the background (adjacent
+// blocks by one ranged read), charging the fetches to m too.
+func (c *Cache) Prefetch(m *Meter, pieces ...Piece) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.entries[digest] != nil || c.flights[digest] != nil {
-		return
+	var run []Piece
+	for _, p := range pieces {
+		if c.entries[p.Digest] != nil || c.flights[p.Digest] != nil {
+			if len(run) > 0 {
+				c.startFetch(context.Background(), m, run)
+				run = nil
+			}
+			continue
+		}
+		if len(run) > 0 && (!p.follows(run[len(run)-1]) || (p.Off+p.Size)-run[0].Off > maxRun) {
+			c.startFetch(context.Background(), m, run)
+			run = nil
+		}
+		run = append(run, p)
+		c.flights[p.Digest] = &flight{done: make(chan struct{})}
 	}
-	fl := &flight{done: make(chan struct{})}
-	c.flights[digest] = fl
-	go c.fetch(context.Background(), digest, size, fl)
+	if len(run) > 0 {
+		c.startFetch(context.Background(), m, run)
+	}
 }
 
-// fetch gets a chunk from the store into the cache, with retries.
-func (c *Cache) fetch(ctx context.Context, digest string, size int64, fl *flight) {
+// startFetch fetches run (one piece, or adjacent blocks of one chunk)
+// whose flights are registered. c.mu held.
+func (c *Cache) startFetch(ctx context.Context, m *Meter, run []Piece) {
+	fls := make([]*flight, len(run))
+	for i, p := range run {
+		fls[i] = c.flights[p.Digest]
+	}
+	go c.fetch(ctx, m, run, fls)
+}
+
+// count adds n to counter k of the cache's totals and of m's.
+func (c *Cache) count(m *Meter, k counter, n int64) {
+	c.stats.n[k].Add(n)
+	if m != nil {
+		m.n[k].Add(n)
+	}
+}
+
+// fetch gets a run of pieces from the store into the cache, with
+// retries, counts it against m too, and ends the pieces' flights.
+func (c *Cache) fetch(ctx context.Context, m *Meter, run []Piece, fls []*flight) {
 	start := time.Now()
 	var err error
 	wait := fetchBackoff
 	for attempt := 1; ; attempt++ {
-		if err = c.fetchOnce(ctx, digest, size); err == nil {
+		if err = c.fetchOnce(ctx, m, run); err == nil {
 			break
 		}
-		c.stats.fetchErrors.Add(1)
+		c.count(m, fetchErrors, 1)
 		if attempt == fetchAttempts || errors.Is(err, errCorrupt) {
 			break
 		}
 		time.Sleep(wait)
 		wait *= 2
 	}
-	c.stats.fetchNanos.Add(int64(time.Since(start)))
+	took := time.Since(start)
+	c.stats.fetchTime.observe(took)
+	if m != nil {
+		m.fetchTime.observe(took)
+	}
 	c.mu.Lock()
-	delete(c.flights, digest)
-	fl.err = err
+	for i, p := range run {
+		delete(c.flights, p.Digest)
+		fls[i].err = err
+		if err == nil && c.entries[p.Digest] == nil {
+			c.entries[p.Digest] = c.lru.PushFront(&entry{digest: p.Digest, size: p.Size})
+			c.used += p.Size
+		}
+	}
 	if err == nil {
-		c.entries[digest] = c.lru.PushFront(&entry{digest: digest, size: size})
-		c.used += size
-		c.evict(digest)
+		c.evict(run...)
 	}
 	c.mu.Unlock()
-	close(fl.done)
+	for _, fl := range fls {
+		close(fl.done)
+	}
 }
 
 // errCorrupt is a chunk whose bytes do not match its digest or size: not
 // retried (the store holds the wrong bytes).
 var errCorrupt = errors.New("chunk does not match its digest")
 
-func (c *Cache) fetchOnce(ctx context.Context, digest string, size int64) error {
-	if size < 0 || size > maxChunk {
-		return fmt.Errorf("chunk %s: size %d", digest, size)
-	}
-	path, err := c.path(digest)
-	if err != nil {
-		return err
+// fetchOnce reads run from the store (a whole chunk, or one ranged read
+// of adjacent blocks), verifies each piece and writes it into the cache.
+func (c *Cache) fetchOnce(ctx context.Context, m *Meter, run []Piece) error {
+	var total int64
+	for _, p := range run {
+		if p.Size <= 0 || p.Size > maxChunk {
+			return fmt.Errorf("piece %s: size %d", p.Digest, p.Size)
+		}
+		total += p.Size
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	r, err := c.store.Open(ctx, digest)
+	first := run[0]
+	var r io.ReadCloser
+	var err error
+	if first.Chunk == "" {
+		r, err = c.store.Open(ctx, first.Digest)
+	} else {
+		r, err = blob.OpenRange(ctx, c.store, first.Chunk, first.Off, total)
+	}
 	if err != nil {
-		return fmt.Errorf("fetch chunk %s: %w", digest, err)
+		return fmt.Errorf("fetch chunk %s: %w", cmp.Or(first.Chunk, first.Digest), err)
 	}
 	defer r.Close()
-	b, err := io.ReadAll(io.LimitReader(r, size+1))
+	b, err := io.ReadAll(io.LimitReader(r, total+1))
 	if err != nil {
-		return fmt.Errorf("fetch chunk %s: %w", digest, err)
+		return fmt.Errorf("fetch chunk %s: %w", cmp.Or(first.Chunk, first.Digest), err)
 	}
-	c.stats.fetches.Add(1)
-	c.stats.fetched.Add(int64(len(b)))
-	if int64(len(b)) != size || blob.FromBytes(b) != digest {
-		return fmt.Errorf("chunk %s (%d bytes, want %d): %w", digest, len(b), size, errCorrupt)
+	c.count(m, fetches, 1)
+	c.count(m, fetchedBytes, int64(len(b)))
+	if int64(len(b)) != total {
+		return fmt.Errorf("chunk %s: %d bytes, want %d: %w", cmp.Or(first.Chunk, first.Digest), len(b), total, errCorrupt)
+	}
+	for _, p := range run {
+		piece := b[:p.Size]
+		b = b[p.Size:]
+		if blob.FromBytes(piece) != p.Digest {
+			return fmt.Errorf("%s of %d bytes: %w", p.Digest, p.Size, errCorrupt)
+		}
+		if err := c.put(p.Digest, piece); err != nil {
+			return err
+		}
+		c.count(m, writtenBytes, p.Size)
+	}
+	return nil
+}
+
+// put writes a verified piece into the cache, whole or not at all.
+func (c *Cache) put(digest string, b []byte) error {
+	path, err := c.path(digest)
+	if err != nil {
+		return err
 	}
 	tmp, err := os.CreateTemp(c.dir, ".fetch-")
 	if err != nil {
@@ -280,24 +498,24 @@ func (c *Cache) fetchOnce(ctx context.Context, digest string, size int64) error 
 		err = os.Rename(tmp.Name(), path)
 	}
 	if err != nil {
-		return fmt.Errorf("cache chunk %s: %w", digest, err)
+		return fmt.Errorf("cache %s: %w", digest, err)
 	}
-	c.stats.written.Add(int64(len(b)))
 	return nil
 }
 
-// evict removes least recently used chunks until the cache is within its
-// limit, never keep (the chunk just fetched). c.mu held.
-func (c *Cache) evict(keep string) {
+// evict removes least recently used pieces until the cache is within its
+// limit, never those in keep (just fetched). c.mu held.
+func (c *Cache) evict(keep ...Piece) {
+	kept := 0
 	for c.used > c.limit {
 		el := c.lru.Back()
 		if el == nil {
 			return
 		}
 		e := el.Value.(*entry)
-		if e.digest == keep {
-			if el.Prev() == nil {
-				return
+		if slices.ContainsFunc(keep, func(p Piece) bool { return p.Digest == e.digest }) {
+			if kept++; kept > len(keep) {
+				return // nothing but keep left
 			}
 			c.lru.MoveToFront(el)
 			continue
@@ -305,21 +523,20 @@ func (c *Cache) evict(keep string) {
 		c.lru.Remove(el)
 		delete(c.entries, e.digest)
 		c.used -= e.size
-		c.stats.evicted.Add(1)
+		c.evicted.Add(1)
 		if p, err := c.path(e.digest); err == nil {
 			os.Remove(p) // readers with it open read on
 		}
 	}
 }
 
-// Stats returns the cache's totals.
+// Stats returns the cache's totals (no Layers: FS.Stats adds them).
 func (c *Cache) Stats() Stats {
 	c.mu.Lock()
 	used := c.used
 	c.mu.Unlock()
 	return Stats{
-		Hits: c.stats.hits.Load(), Misses: c.stats.misses.Load(), Fetches: c.stats.fetches.Load(),
-		FetchErrors: c.stats.fetchErrors.Load(), Fetched: c.stats.fetched.Load(), Written: c.stats.written.Load(),
-		Evicted: c.stats.evicted.Load(), Used: used, Limit: c.limit, FetchTime: time.Duration(c.stats.fetchNanos.Load()),
+		Counts: c.stats.snapshot(), Evicted: c.evicted.Load(), Used: used, Limit: c.limit,
+		FetchTime: time.Duration(c.stats.fetchTime.sumNanos.Load()),
 	}
 }

@@ -1,19 +1,28 @@
 // Package lazy serves a node's layers without downloading them first.
 //
-// Each layer appears as one read-only file on a FUSE filesystem the node
-// agent serves (FS, go-fuse), <mount>/<manifest hex digest>.erofs, as big
-// as the layer's EROFS image; the kernel mounts EROFS directly on that
-// file (file-backed EROFS), and sandboxes read their layers through it. A
-// read of the file is served from the node's chunk cache (Cache), which
-// fetches each chunk the first time anyone reads it, from the blob store,
-// verified against the chunk's digest. Only the manifest (the chunk list)
+// Each layer appears as one read-only file on a FUSE filesystem (FS,
+// go-fuse), <mount>/<manifest hex digest>.erofs, as big as the layer's
+// EROFS image; the kernel mounts EROFS directly on that file (file-backed
+// EROFS), and sandboxes read their layers through it. The filesystem is
+// served by a process of its own beside the node agent (Serve, `warren
+// lazyd`: see server.go), so sandboxes read on while the agent restarts.
+// A read of the file is served from the node's cache (Cache), which
+// fetches each piece the first time anyone reads it from the blob store,
+// verified against its digest: a 64 KiB block of a chunk, by a ranged
+// read (adjacent blocks missed together by one), when the layer's
+// manifest lists block digests; else the whole chunk. Only the manifest
 // must be local before the mount; a task that reads 5% of its image
-// fetches about that much.
+// fetches not much more.
 //
 // Reads that cannot be served (the store unreachable after retries, a
 // chunk whose bytes do not match its digest) fail with EIO: EROFS passes
 // the error up, and the reading process sees EIO, never zeros. The next
 // read tries again, so everything recovers when the store does.
+//
+// Every piece read and fetch is counted, for the node and for the layer
+// whose read it was (a Meter per layer file): hits, misses, bytes fetched
+// and written, and a fetch latency histogram. FS.Stats returns them as a
+// plain snapshot, which the agent exports (Prometheus) and reports.
 //
 // Chosen over the kernel's other paths on these hosts: EROFS's own
 // on-demand mode (fscache, EROFS_FS_ONDEMAND) and ublk are not built into
@@ -43,8 +52,21 @@ import (
 
 // Chunk is one piece of a layer's image, a blob of its own.
 type Chunk struct {
-	Digest string
-	Size   int64
+	Digest string `json:"digest"`
+	Size   int64  `json:"size"`
+	// Blocks, if any, are the digests of the chunk's Layer.BlockSize
+	// pieces: reads then fetch (ranged) and verify only the blocks they
+	// need. Without them a chunk is fetched whole.
+	Blocks []string `json:"blocks,omitempty"`
+}
+
+// Layer is one layer's image as a lazy filesystem serves it: the manifest
+// (image.Manifest) with what the reads need.
+type Layer struct {
+	Digest    string  `json:"digest"` // the manifest's
+	Size      int64   `json:"size"`   // of the image
+	BlockSize int64   `json:"block_size,omitempty"`
+	Chunks    []Chunk `json:"chunks"`
 }
 
 // FS is the lazy layer filesystem of a node.
@@ -59,11 +81,16 @@ type FS struct {
 	ino    uint64
 }
 
-// readAhead is how many chunks past a missed one are fetched in the
-// background when the reads of a file go forward chunk after chunk (a
-// sequential read, as the kernel's own readahead decides). Random reads
-// fetch only what they read: a task reads 5-10% of its image.
-const readAhead = 2
+// readAhead bounds how many bytes past a read are fetched with it when
+// the reads of a file go forward piece after piece (a sequential read, as
+// the kernel's own readahead decides): the window starts at 64 KiB and
+// doubles with each read in a row that goes on from the last, as the
+// kernel's own readahead does, up to 512 KiB. It is all fetched for
+// nothing past the end of a file read whole (the image's next bytes
+// belong to other files): with a 2 MiB window, bench/lazy's tasks fetched
+// 1.5x the bytes of the files they read. Random reads fetch only what
+// they read: a task reads 5-10% of its image.
+const readAhead = 512 << 10
 
 // Mount mounts an empty lazy filesystem on dir (made if missing), its
 // reads served through cache.
@@ -83,8 +110,8 @@ func Mount(dir string, cache *Cache) (*FS, error) {
 			FsName:        "warren-lazy",
 			Name:          "warren",
 			DirectMount:   true,
-			MaxReadAhead:  1 << 20,
-			MaxWrite:      1 << 20, // also the largest read the kernel asks for
+			MaxReadAhead:  128 << 10, // the kernel's readahead on a layer file; ours grows past it (readAhead)
+			MaxWrite:      1 << 20,   // also the largest read the kernel asks for
 			MaxBackground: 64,
 			DisableXAttrs: true,
 			// Passthrough would mark the filesystem stacked, and EROFS
@@ -109,38 +136,71 @@ func (f *FS) Cache() *Cache { return f.cache }
 // Add makes the layer whose manifest has digest appear, as a file of
 // size bytes cut into chunks, and returns the file's path. Adding a
 // layer already there returns its path.
-func (f *FS) Add(digest string, size int64, chunks []Chunk) (string, error) {
+func (f *FS) Add(l Layer) (string, error) {
+	digest, size := l.Digest, l.Size
 	h, err := blob.ParseDigest(digest)
 	if err != nil {
 		return "", err
 	}
-	var total int64
-	offs := make([]int64, len(chunks))
-	for i, c := range chunks {
-		if c.Size <= 0 || c.Size > maxChunk {
-			return "", errdefs.Invalid("layer %s: chunk %d of %d bytes", digest, i, c.Size)
-		}
-		if _, err := blob.ParseDigest(c.Digest); err != nil {
-			return "", errdefs.Invalid("layer %s: chunk %d: %v", digest, i, err)
-		}
-		offs[i] = total
-		total += c.Size
-	}
-	if total != size {
-		return "", errdefs.Invalid("layer %s: chunks add up to %d bytes, not %d", digest, total, size)
+	pieces, offs, err := cut(l)
+	if err != nil {
+		return "", err
 	}
 	name := h + ".erofs"
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.layers[name] == nil {
 		f.ino++
-		lf := &layerFile{fs: f, name: name, size: size, chunks: chunks, offs: offs}
+		lf := &layerFile{fs: f, digest: digest, name: name, size: size, pieces: pieces, offs: offs}
 		lf.last.Store(-2)
 		ch := f.root.NewPersistentInode(context.Background(), lf, fs.StableAttr{Mode: fuse.S_IFREG, Ino: f.ino})
 		f.root.AddChild(name, ch, false)
 		f.layers[name] = lf
 	}
 	return f.Path(digest)
+}
+
+// cut checks a layer's chunk list and returns the pieces its reads fetch
+// (its blocks, or its chunks if it lists no blocks) with their offsets.
+func cut(l Layer) ([]Piece, []int64, error) {
+	bad := func(format string, args ...any) error {
+		return errdefs.Invalid("layer %s: "+format, append([]any{l.Digest}, args...)...)
+	}
+	if l.BlockSize < 0 || l.BlockSize > maxChunk {
+		return nil, nil, bad("block size %d", l.BlockSize)
+	}
+	var pieces []Piece
+	var offs []int64
+	var total int64
+	for i, c := range l.Chunks {
+		if c.Size <= 0 || c.Size > maxChunk {
+			return nil, nil, bad("chunk %d of %d bytes", i, c.Size)
+		}
+		if _, err := blob.ParseDigest(c.Digest); err != nil {
+			return nil, nil, bad("chunk %d: %v", i, err)
+		}
+		switch {
+		case l.BlockSize == 0 || len(c.Blocks) == 0:
+			pieces = append(pieces, Piece{Digest: c.Digest, Size: c.Size})
+			offs = append(offs, total)
+		case int64(len(c.Blocks)) != (c.Size+l.BlockSize-1)/l.BlockSize:
+			return nil, nil, bad("chunk %d: %d blocks for %d bytes", i, len(c.Blocks), c.Size)
+		default:
+			for j, d := range c.Blocks {
+				if _, err := blob.ParseDigest(d); err != nil {
+					return nil, nil, bad("chunk %d, block %d: %v", i, j, err)
+				}
+				off := int64(j) * l.BlockSize
+				pieces = append(pieces, Piece{Digest: d, Size: min(l.BlockSize, c.Size-off), Chunk: c.Digest, Off: off})
+				offs = append(offs, total+off)
+			}
+		}
+		total += c.Size
+	}
+	if total != l.Size {
+		return nil, nil, bad("chunks add up to %d bytes, not %d", total, l.Size)
+	}
+	return pieces, offs, nil
 }
 
 // Path is where the layer of manifest digest appears (added or not).
@@ -152,7 +212,8 @@ func (f *FS) Path(digest string) (string, error) {
 	return f.dir + "/" + h + ".erofs", nil
 }
 
-// Remove makes a layer's file disappear (mounts of it read on).
+// Remove makes a layer's file disappear (mounts of it read on), and its
+// share of the cache's totals with it (Stats).
 func (f *FS) Remove(digest string) {
 	h, err := blob.ParseDigest(digest)
 	if err != nil {
@@ -162,6 +223,41 @@ func (f *FS) Remove(digest string) {
 	defer f.mu.Unlock()
 	delete(f.layers, h+".erofs")
 	f.root.RmChild(h + ".erofs")
+}
+
+// maxLayerStats bounds the layers FS.Stats reports: one scrape's series
+// stay bounded however many layers a long-lived node has served.
+const maxLayerStats = 256
+
+// Stats returns the cache's totals and the layers' shares of them: for
+// each layer on the filesystem, the reads of its file and the fetches
+// they caused. At most maxLayerStats layers are reported, the most
+// recently read first; layers never read come last, with zeros (so a
+// counter exists before its first increment). A layer's share goes with
+// its file (Remove). It costs a lock of the filesystem and one sort.
+func (f *FS) Stats() Stats {
+	st := f.cache.Stats()
+	type read struct {
+		l  *layerFile
+		at int64 // loaded once: reads go on meanwhile
+	}
+	f.mu.Lock()
+	ls := make([]read, 0, len(f.layers))
+	for _, l := range f.layers {
+		ls = append(ls, read{l, l.lastRead.Load()})
+	}
+	f.mu.Unlock()
+	sort.Slice(ls, func(i, j int) bool {
+		if ls[i].at != ls[j].at {
+			return ls[i].at > ls[j].at
+		}
+		return ls[i].l.digest < ls[j].l.digest
+	})
+	st.Layers = make([]LayerStats, 0, min(len(ls), maxLayerStats))
+	for _, r := range ls[:min(len(ls), maxLayerStats)] {
+		st.Layers = append(st.Layers, LayerStats{Digest: r.l.digest, Counts: r.l.meter.Counts()})
+	}
+	return st
 }
 
 // Close unmounts the filesystem: lazy layers mounted on it fail their
@@ -178,12 +274,16 @@ func (f *FS) Close() error {
 // layerFile is one layer's image.
 type layerFile struct {
 	fs.Inode
-	fs     *FS
-	name   string
-	size   int64
-	chunks []Chunk
-	offs   []int64      // each chunk's offset
-	last   atomic.Int64 // the last chunk read, for readahead
+	fs       *FS
+	digest   string // the layer's manifest digest
+	name     string
+	size     int64
+	pieces   []Piece      // what reads fetch: blocks, or whole chunks
+	offs     []int64      // each piece's offset in the image
+	last     atomic.Int64 // the last piece read, for readahead
+	streak   atomic.Int64 // reads in a row that went on from the last
+	meter    Meter        // the layer's share of the cache's totals
+	lastRead atomic.Int64 // unix nanoseconds, for Stats' order
 }
 
 var (
@@ -212,36 +312,37 @@ func (l *layerFile) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off
 	if off >= l.size || len(dest) == 0 {
 		return fuse.ReadResultData(nil), 0
 	}
+	l.lastRead.Store(time.Now().UnixNano())
 	n := min(int64(len(dest)), l.size-off)
 	dest = dest[:n]
 	first := sort.Search(len(l.offs), func(i int) bool { return l.offs[i] > off }) - 1
-	prev := l.last.Load()
-	var wg sync.WaitGroup
-	errs := make(chan error, len(l.chunks)-first)
-	for i := first; i < len(l.chunks) && l.offs[i] < off+n; i++ {
-		c := l.chunks[i]
-		lo := max(off, l.offs[i])
-		hi := min(off+n, l.offs[i]+c.Size)
-		missed := !l.fs.cache.Has(c.Digest)
-		wg.Add(1)
-		go func() { // the chunks of one read are fetched at once
-			defer wg.Done()
-			if err := l.fs.cache.ReadAt(ctx, c.Digest, c.Size, dest[lo-off:hi-off], lo-l.offs[i]); err != nil {
-				errs <- err
-			}
-		}()
-		if missed && int64(i) == prev+1 {
-			for j := i + 1; j <= i+readAhead && j < len(l.chunks); j++ {
-				l.fs.cache.Prefetch(l.chunks[j].Digest, l.chunks[j].Size)
-			}
-		}
-		prev = int64(i)
+	end := first
+	for end < len(l.pieces) && l.offs[end] < off+n {
+		end++
 	}
-	l.last.Store(prev)
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+	// The pieces of one read are fetched at once (adjacent blocks by one
+	// ranged read); when reads go forward piece after piece, the next
+	// readAhead bytes with them.
+	if prev := l.last.Swap(int64(end - 1)); prev+1 != int64(first) && prev != int64(first) {
+		l.streak.Store(0)
+	} else if streak := l.streak.Add(1); !l.fs.cache.Has(l.pieces[first].Digest) {
+		window := int64(readAhead) >> max(0, 4-streak) // 64 KiB, 128 KiB, 256 KiB, 512 KiB
+		ahead := end
+		for ahead < len(l.pieces) && l.offs[ahead] < off+n+window {
+			ahead++
+		}
+		l.fs.cache.Prefetch(&l.meter, l.pieces[first:ahead]...)
+	}
+	if err := l.fs.cache.Ensure(ctx, &l.meter, l.pieces[first:end]...); err != nil {
 		return nil, syscall.EIO
+	}
+	for i := first; i < end; i++ {
+		p := l.pieces[i]
+		lo := max(off, l.offs[i])
+		hi := min(off+n, l.offs[i]+p.Size)
+		if err := l.fs.cache.read(ctx, &l.meter, p, dest[lo-off:hi-off], lo-l.offs[i]); err != nil {
+			return nil, syscall.EIO
+		}
 	}
 	return fuse.ReadResultData(dest), 0
 }

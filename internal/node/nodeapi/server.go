@@ -18,12 +18,13 @@
 // apiserver as errdefs.ErrExhausted with its Retry-After. Bodies stream
 // both ways; nothing is buffered whole.
 //
-// Every call but /healthz carries a bearer token that the server's
-// Authenticator accepts: the node's own secret (Secret), which its agent
-// draws at every start and registers with the node (fleet.Registration), so
-// that apiservers, and nobody else, know it. A node token (an IAM token of
-// role node) is what an agent presents to register, never what the node
-// API takes: one node's secret opens no other node.
+// Every call but /healthz and /metrics carries a bearer token that the
+// server's Authenticator accepts: the node's own secret (Secret), which its
+// agent draws at every start and registers with the node
+// (fleet.Registration), so that apiservers, and nobody else, know it. A
+// node token (an IAM token of role node) is what an agent presents to
+// register, never what the node API takes: one node's secret opens no
+// other node. /metrics is open as an apiserver's is (ServeMetrics).
 package nodeapi
 
 import (
@@ -135,6 +136,19 @@ func NewServer(agent Agent, auth Authenticator, log *slog.Logger) *Server {
 	}
 	s := &Server{agent: agent, auth: auth, log: log, mux: http.NewServeMux()}
 	s.routes()
+	return s
+}
+
+// ServeMetrics makes the server serve GET /metrics with h, a Prometheus
+// handler of the node's metrics (without it, /metrics is no route).
+// Like /healthz, and like an apiserver's /metrics, it takes no token: a
+// Prometheus server scrapes every node, and the node's secret is for
+// apiservers only; what it shows is counters, no sandbox's data. Call it
+// once, before the server serves. It returns s.
+func (s *Server) ServeMetrics(h http.Handler) *Server {
+	if h != nil {
+		s.mux.Handle("GET /metrics", h)
+	}
 	return s
 }
 

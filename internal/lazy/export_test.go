@@ -1,0 +1,4 @@
+package lazy
+
+// MaxLayerStats is maxLayerStats, for tests.
+const MaxLayerStats = maxLayerStats
