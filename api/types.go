@@ -336,6 +336,10 @@ type Image struct {
 	Entrypoint []string          `json:"entrypoint,omitempty"`
 	// Unpublished: a builder's snapshot (Environment.Unpublished).
 	Unpublished bool `json:"unpublished,omitempty"`
+	// PrefetchTraces maps the digests of the layers that have a prefetch
+	// trace (Layer.PrefetchTrace) to the trace's blob digest: a node that
+	// loads layers lazily replays it when it starts a sandbox.
+	PrefetchTraces map[string]string `json:"prefetch_traces,omitempty"`
 }
 
 // ImageList is the body of GET /v1/images.
@@ -369,6 +373,11 @@ type Layer struct {
 	CreatedAt   time.Time `json:"created_at"`
 	// UsedBy lists the environments ("name@version") that use the layer.
 	UsedBy []string `json:"used_by,omitempty"`
+	// PrefetchTrace is the blob digest of the layer's prefetch trace, if
+	// one was recorded: the order in which a node first read its chunks
+	// (the first trace any node reported), which lazily loading nodes
+	// replay in the background when they start it.
+	PrefetchTrace string `json:"prefetch_trace,omitempty"`
 }
 
 // LayerList is the body of GET /v1/layers.
@@ -520,6 +529,15 @@ type Node struct {
 	Healthy      bool             `json:"healthy"`
 	Problems     []string         `json:"problems,omitempty"` // e.g. a backend unavailable here, and why
 	UpdatedAt    time.Time        `json:"updated_at"`
+	// LayerPrefetch says the node replays layers' prefetch traces: the
+	// creates an apiserver sends it carry them (Image.PrefetchTraces);
+	// other nodes get none (one that predates them would refuse the
+	// field).
+	LayerPrefetch bool `json:"layer_prefetch,omitempty"`
+	// PrefetchTraces are the prefetch traces the node recorded lately
+	// (for some minutes after each), for the control plane to keep
+	// with their layers (Layer.PrefetchTrace).
+	PrefetchTraces []LayerTrace `json:"prefetch_traces,omitempty"`
 	// DiskQuota names how the node enforces Resources.Disk: DiskQuotaBtrfs,
 	// DiskQuotaXFS, DiskQuotaExt4, or DiskQuotaNone (empty from nodes that
 	// predate it: none either). Placement sends a create with a disk limit
@@ -684,6 +702,18 @@ type LayerCacheStats struct {
 	LimitBytes   int64 `json:"limit_bytes"`
 	// FetchMs is the time spent fetching, summed over fetches.
 	FetchMs int64 `json:"fetch_ms"`
+	// PrefetchedBytes are the bytes of FetchedBytes fetched ahead of any
+	// read by replaying layers' prefetch traces.
+	PrefetchedBytes int64 `json:"prefetched_bytes"`
+}
+
+// LayerTrace is a prefetch trace a node recorded (Node.PrefetchTraces):
+// a blob in the blob store listing the order in which the node's
+// sandboxes first read the chunks of a layer.
+type LayerTrace struct {
+	Layer string    `json:"layer"` // the layer's manifest digest
+	Trace string    `json:"trace"` // the trace blob's digest
+	At    time.Time `json:"at"`    // when it was stored
 }
 
 // ErrorBody wraps Error on the wire.

@@ -9,7 +9,10 @@
 // mounted once per node, and composed with a fresh overlayfs upper dir —
 // cold (nothing on the node), cold-env (the base and toolkit, shared by
 // many environments, already on the node; the workspace is new) and warm
-// (everything cached and mounted: a later start of the same environment).
+// (everything cached and mounted: a later start of the same environment);
+// and lazy (a cold node that loads layers on demand, package lazy: the
+// root is ready once the manifests and the EROFS metadata its mounts read
+// are fetched; file data comes on first read, which bench/lazy measures).
 // The peer: extracting a tar.gz of the same files into a fresh directory,
 // as a runtime that unpacks its image per sandbox does, with GNU tar and
 // with Go (compress/gzip and warren's rootfs.WriteTar); the faster is the

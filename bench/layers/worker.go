@@ -18,6 +18,7 @@ import (
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/blob"
 	"github.com/warrenhq/warren/internal/image"
+	"github.com/warrenhq/warren/internal/lazy"
 	"github.com/warrenhq/warren/internal/rootfs"
 )
 
@@ -32,6 +33,10 @@ type job struct {
 	Mounts  string   `json:"mounts,omitempty"`  // the node's shared layer mounts
 	Digests []string `json:"digests,omitempty"` // the environment's layers, bottom first
 	Sandbox string   `json:"sandbox,omitempty"` // the new sandbox's dir
+	// Lazy, if set, is the lazy layer server's dir: the node loads layers
+	// on demand (its filesystem mounted before the timed start, as an
+	// agent's start-up does).
+	Lazy string `json:"lazy,omitempty"`
 
 	// gotar
 	Tarball string `json:"tarball,omitempty"`
@@ -82,6 +87,29 @@ func (j job) warren(ctx context.Context) (time.Duration, error) {
 	}
 	cache := image.NewCache(j.Cache, bs)
 	mounts := image.NewMounts(j.Mounts)
+	if j.Lazy != "" {
+		chunks, err := lazy.OpenCache(filepath.Join(j.Lazy, "chunks"), bs, 16<<30)
+		if err != nil {
+			return 0, err
+		}
+		fsys, err := lazy.Mount(lazy.MountDir(j.Lazy), chunks)
+		if err != nil {
+			return 0, err
+		}
+		cache.SetLazy(lazy.Local(fsys))
+		// The filesystem ends with this process: what is mounted on it
+		// goes first (untimed), so that nothing dead is left for the
+		// bench's du and cleanup to trip on.
+		defer func() {
+			unix.Unmount(filepath.Join(j.Sandbox, "rootfs"), unix.MNT_DETACH)
+			if ms, err := image.MountsUnder(j.Mounts); err == nil {
+				for _, m := range ms {
+					unix.Unmount(m, unix.MNT_DETACH)
+				}
+			}
+			fsys.Close()
+		}()
+	}
 
 	start := time.Now()
 	layers := make([]backend.Layer, 0, len(j.Digests))

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -46,13 +47,13 @@ for p in sys.argv[1:]:
         n += len(f.read())
 print(n)`
 
-func burst(ctx context.Context, cfg config, d *benchup.Daemon, store *netStore, envs []*env, mode string) (*result, error) {
+func burst(ctx context.Context, cfg config, d *benchup.Daemon, dataDir string, store *netStore, envs []*env, mode string) (*result, error) {
 	c := d.Client
 	rx0, err := store.received()
 	if err != nil {
 		return nil, err
 	}
-	w0, err := writeBytes(d.Cmd.Process.Pid)
+	w0, err := agentWrites(d, dataDir)
 	if err != nil {
 		return nil, err
 	}
@@ -117,7 +118,7 @@ func burst(ctx context.Context, cfg config, d *benchup.Daemon, store *netStore, 
 		return nil, err
 	}
 	out.received = rx1 - rx0
-	w1, err := writeBytes(d.Cmd.Process.Pid)
+	w1, err := agentWrites(d, dataDir)
 	if err != nil {
 		return nil, err
 	}
@@ -127,6 +128,28 @@ func burst(ctx context.Context, cfg config, d *benchup.Daemon, store *netStore, 
 		out.layer = nodes[0].LayerCache
 	}
 	return out, nil
+}
+
+// agentWrites is what the node agent has written to disk: warren up's
+// process and, on a lazy node, its layer server's (warren lazyd, a
+// process of its own that writes the chunk cache).
+func agentWrites(d *benchup.Daemon, dataDir string) (int64, error) {
+	n, err := writeBytes(d.Cmd.Process.Pid)
+	if err != nil {
+		return 0, err
+	}
+	if b, err := os.ReadFile(filepath.Join(dataDir, "node", "lazy", "server.pid")); err == nil {
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			return 0, fmt.Errorf("lazyd pid file: %v", err)
+		}
+		m, err := writeBytes(pid)
+		if err != nil {
+			return 0, fmt.Errorf("lazyd: %w", err)
+		}
+		n += m
+	}
+	return n, nil
 }
 
 // writeBytes is the bytes process pid has caused to be written to disk

@@ -29,8 +29,9 @@
 // (from the burst's start, as a trainer that asked for all of them at
 // once waits: p50, p99) and task time,
 // the bytes the node received from the store (the link's counter), and
-// the bytes the agent wrote to local disk (its write_bytes, and what its
-// layer cache holds after).
+// the bytes the agent wrote to local disk (the write_bytes of warren up
+// and of its layer server, warren lazyd, and what the layer caches hold
+// after).
 //
 // The binary measured is built from this checkout (./cmd/warren) and runs
 // in a process of its own; everything the run made (namespace, link,
@@ -161,7 +162,7 @@ func run(ctx context.Context, cfg config) error {
 			if err := store.shape(ctx, cfg.rate); err != nil {
 				return err
 			}
-			out, err := burst(ctx, cfg, d, store, envs, m)
+			out, err := burst(ctx, cfg, d, dataDir, store, envs, m)
 			store.shape(ctx, "")
 			if err != nil {
 				return fmt.Errorf("round %d, %s: %w", r+1, m, err)

@@ -108,6 +108,7 @@ func newLayerGetCmd(a *app) *cobra.Command {
 			row(tw, "Parent:", l.Parent)
 		}
 		row(tw, "Used by:", orDash(strings.Join(l.UsedBy, ", ")))
+		row(tw, "Prefetch trace:", orDash(l.PrefetchTrace))
 		row(tw, "Created:", stamp(l.CreatedAt, now))
 		return tw.Flush()
 	})

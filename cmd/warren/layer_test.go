@@ -118,7 +118,7 @@ func TestLayerAndEnvVerbs(t *testing.T) {
 		t.Errorf("layer ls: %q", out)
 	}
 	out = mustOK("layer", "get", "harness@7")
-	if !strings.Contains(out, "swe-task-0042@1") {
+	if !strings.Contains(out, "swe-task-0042@1") || !strings.Contains(out, "Prefetch trace:") {
 		t.Errorf("layer get: %q", out)
 	}
 

@@ -30,6 +30,7 @@ func newLazydCmd() *cobra.Command {
 	f.StringVar(&cfg.Dir, "dir", "", "the server's directory (socket, mount, chunk cache)")
 	f.StringVar(&cfg.Blobs, "blobs", "", "the blob store")
 	f.Int64Var(&cfg.CacheBytes, "chunk-cache", daemon.DefaultChunkCache, "the chunk cache's limit in bytes")
+	f.DurationVar(&cfg.TraceWindow, "trace-window", 0, "how long a layer's first reads are recorded into its prefetch trace (default 30s; negative: none)")
 	cmd.MarkFlagRequired("dir")
 	cmd.MarkFlagRequired("blobs")
 	return cmd

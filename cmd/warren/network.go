@@ -160,4 +160,8 @@ func layersFlags(f *pflag.FlagSet, cfg *daemon.LayersConfig) {
 		cfg.CacheBytes = int64(q)
 		return nil
 	})
+	// For tests: a layer's prefetch trace records its first reads for
+	// this long (default 30s).
+	f.DurationVar(&cfg.TraceWindow, "lazy-trace-window", 0, "with --lazy-layers: how long a layer's first reads are recorded into its prefetch trace (default 30s)")
+	f.MarkHidden("lazy-trace-window")
 }

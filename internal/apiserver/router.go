@@ -327,7 +327,11 @@ func (r *Router) Create(ctx context.Context, req api.CreateSandboxRequest) (api.
 			return err
 		}
 		if img != nil {
-			sb, err = c.CreateFrom(ctx, req, *img)
+			im := *img
+			if v, _ := r.cfg.Fleet.Node(id); !v.LayerPrefetch {
+				im.PrefetchTraces = nil // it would refuse them, or has no use for them
+			}
+			sb, err = c.CreateFrom(ctx, req, im)
 		} else {
 			sb, err = c.Create(ctx, req)
 		}

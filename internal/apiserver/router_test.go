@@ -75,6 +75,7 @@ type fleetOptions struct {
 	node   func(id string, c *node.Config)
 	fleet  func(c *fleet.Config)
 	server func(c *apiserver.Config)
+	router func(c *apiserver.RouterConfig)
 }
 
 func newFleetWith(t *testing.T, o fleetOptions, ids ...string) *fleetHarness {
@@ -149,7 +150,7 @@ func newFleetWith(t *testing.T, o fleetOptions, ids ...string) *fleetHarness {
 		}
 		return n == len(ids)
 	})
-	r, err := apiserver.NewRouter(apiserver.RouterConfig{
+	rc := apiserver.RouterConfig{
 		Fleet:     w,
 		Clients:   clients,
 		Placement: placement.Config{Cooldown: -1},
@@ -157,7 +158,11 @@ func newFleetWith(t *testing.T, o fleetOptions, ids ...string) *fleetHarness {
 		Known:     func(ctx context.Context, id string) (bool, error) { return fleet.Known(ctx, st, id) },
 		Refresh:   100 * time.Millisecond,
 		Log:       quietLog,
-	})
+	}
+	if o.router != nil {
+		o.router(&rc)
+	}
+	r, err := apiserver.NewRouter(rc)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -164,7 +164,7 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	}
 	cache := image.NewCache(filepath.Join(nodeDir, "cache"), blobs)
 	metrics := prometheus.NewRegistry() // the node's, on its node API's /metrics
-	layers, err := setupLayers(nodeDir, nodeID, cache, blobsOf(cfg.Blobs, dir), cfg.Layers, metrics, log)
+	layers, err := setupLayers(nodeDir, nodeID, cache, blobsOf(cfg.Blobs, dir), blobs, nil, cfg.Layers, metrics, log)
 	if err != nil {
 		return err
 	}

@@ -122,7 +122,8 @@ func APIServer(ctx context.Context, cfg APIServerConfig) error {
 	}
 	clients := nodeapi.NewClients(nodeHTTP)
 	fc := cfg.Fleet
-	fc.Store, fc.Source, fc.Log = st, clients, log
+	// The prefetch traces nodes report are kept with their layers.
+	fc.Store, fc.Source, fc.Log = st, apiserver.RecordTraces(clients, imgs.images.RecordTrace, log), log
 	watcher, err := fleet.New(fc)
 	if err != nil {
 		return err

@@ -15,6 +15,7 @@ import (
 //	warren_layer_fetch_errors_total{layer}        failed fetch attempts
 //	warren_layer_fetched_bytes_total{layer}       bytes fetched from the blob store
 //	warren_layer_written_bytes_total{layer}       bytes written to the node's disk
+//	warren_layer_prefetched_bytes_total{layer}    bytes fetched by replaying the layer's prefetch trace
 //	warren_layer_fetch_duration_seconds{layer}    histogram: each fetch, retries included
 //	warren_layer_cache_evictions_total            chunks evicted for room
 //	warren_layer_cache_used_bytes                 held now
@@ -33,8 +34,8 @@ import (
 type layerMetrics struct {
 	stats func() (lazy.Stats, error)
 
-	hits, misses, fetches, fetchErrors, fetched, written, latency *prometheus.Desc
-	evicted, used, limit                                          *prometheus.Desc
+	hits, misses, fetches, fetchErrors, fetched, written, prefetched, latency *prometheus.Desc
+	evicted, used, limit                                                      *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*layerMetrics)(nil)
@@ -52,6 +53,7 @@ func newLayerMetrics(stats func() (lazy.Stats, error)) *layerMetrics {
 		fetchErrors: perLayer("warren_layer_fetch_errors_total", "Failed chunk fetch attempts (retried or not) for reads of a layer."),
 		fetched:     perLayer("warren_layer_fetched_bytes_total", "Bytes fetched from the blob store for reads of a layer."),
 		written:     perLayer("warren_layer_written_bytes_total", "Bytes of fetched chunks written to the node's disk for reads of a layer."),
+		prefetched:  perLayer("warren_layer_prefetched_bytes_total", "Bytes fetched from the blob store ahead of reads by replaying a layer's prefetch trace."),
 		latency:     perLayer("warren_layer_fetch_duration_seconds", "Time to fetch a chunk for reads of a layer, retries and backoff included."),
 		evicted:     node("warren_layer_cache_evictions_total", "Chunks evicted from the node's chunk cache for room."),
 		used:        node("warren_layer_cache_used_bytes", "Bytes the node's chunk cache holds."),
@@ -60,7 +62,7 @@ func newLayerMetrics(stats func() (lazy.Stats, error)) *layerMetrics {
 }
 
 func (m *layerMetrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.hits, m.misses, m.fetches, m.fetchErrors, m.fetched, m.written, m.latency, m.evicted, m.used, m.limit} {
+	for _, d := range []*prometheus.Desc{m.hits, m.misses, m.fetches, m.fetchErrors, m.fetched, m.written, m.prefetched, m.latency, m.evicted, m.used, m.limit} {
 		ch <- d
 	}
 }
@@ -77,7 +79,7 @@ func (m *layerMetrics) Collect(ch chan<- prometheus.Metric) {
 		for _, c := range []struct {
 			d *prometheus.Desc
 			v int64
-		}{{m.hits, l.Hits}, {m.misses, l.Misses}, {m.fetches, l.Fetches}, {m.fetchErrors, l.FetchErrors}, {m.fetched, l.Fetched}, {m.written, l.Written}} {
+		}{{m.hits, l.Hits}, {m.misses, l.Misses}, {m.fetches, l.Fetches}, {m.fetchErrors, l.FetchErrors}, {m.fetched, l.Fetched}, {m.written, l.Written}, {m.prefetched, l.Prefetched}} {
 			ch <- prometheus.MustNewConstMetric(c.d, prometheus.CounterValue, float64(c.v), l.Digest)
 		}
 		h := l.FetchLatency

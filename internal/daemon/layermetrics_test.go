@@ -59,7 +59,7 @@ func TestLayerMetrics(t *testing.T) {
 		Evicted: 1, Used: 4096, Limit: 1 << 30,
 		Layers: []lazy.LayerStats{
 			// Values all distinct, so that a series showing another's fails.
-			{Digest: a, Counts: lazy.Counts{Hits: 5, Misses: 3, Fetches: 2, FetchErrors: 4, Fetched: 2 << 20, Written: 1 << 20,
+			{Digest: a, Counts: lazy.Counts{Hits: 5, Misses: 3, Fetches: 2, FetchErrors: 4, Fetched: 2 << 20, Written: 1 << 20, Prefetched: 7,
 				FetchLatency: lazy.Histogram{Bounds: bounds, Counts: counts, Count: 3, Sum: 12.304}}},
 			{Digest: b, Counts: lazy.Counts{FetchLatency: lazy.Histogram{Bounds: bounds, Counts: make([]uint64, len(bounds))}}},
 		},
@@ -74,6 +74,7 @@ func TestLayerMetrics(t *testing.T) {
 		`warren_layer_fetch_errors_total{layer="sha256:aaaa"} 4`,
 		`warren_layer_fetched_bytes_total{layer="sha256:aaaa"} 2.097152e+06`,
 		`warren_layer_written_bytes_total{layer="sha256:aaaa"} 1.048576e+06`,
+		`warren_layer_prefetched_bytes_total{layer="sha256:aaaa"} 7`,
 		`warren_layer_fetch_duration_seconds_bucket{layer="sha256:aaaa",le="0.0025"} 0`,
 		`warren_layer_fetch_duration_seconds_bucket{layer="sha256:aaaa",le="0.005"} 1`,
 		`warren_layer_fetch_duration_seconds_bucket{layer="sha256:aaaa",le="0.25"} 1`,

@@ -36,7 +36,10 @@ type LayerServerConfig struct {
 	Dir        string // the server's directory: <node dir>/lazy
 	Blobs      string // the blob store (blob.Open); S3 credentials from the environment
 	CacheBytes int64  // the chunk cache's limit (default DefaultChunkCache)
-	Log        *slog.Logger
+	// TraceWindow is how long a layer's first reads are recorded into
+	// its prefetch trace (lazy.ServerConfig).
+	TraceWindow time.Duration
+	Log         *slog.Logger
 }
 
 // ServeLayers runs a node's lazy layer server (lazy.Serve) until ctx ends
@@ -53,7 +56,7 @@ func ServeLayers(ctx context.Context, cfg LayerServerConfig) error {
 	if err != nil {
 		return fmt.Errorf("layer server: %w", err)
 	}
-	return lazy.Serve(ctx, lazy.ServerConfig{Dir: cfg.Dir, Store: store, CacheBytes: cfg.CacheBytes, Log: cfg.Log})
+	return lazy.Serve(ctx, lazy.ServerConfig{Dir: cfg.Dir, Store: store, CacheBytes: cfg.CacheBytes, TraceWindow: cfg.TraceWindow, Log: cfg.Log})
 }
 
 // layerServerCommand returns the command that runs a layer server with
@@ -97,9 +100,10 @@ const (
 
 // layerServerConfig configures startLayerServer.
 type layerServerConfig struct {
-	Dir        string // the server's directory (lazy.Serve)
-	Blobs      string // its blob store's spec
-	CacheBytes int64
+	Dir         string // the server's directory (lazy.Serve)
+	Blobs       string // its blob store's spec
+	CacheBytes  int64
+	TraceWindow time.Duration // 0: the server's default
 	// Cgroup is where the server's process goes (in the unified
 	// hierarchy and v1's name=systemd, the ones service managers track
 	// processes by), out of the agent's: stopping the agent's service
@@ -133,6 +137,8 @@ type layerServer struct {
 	lost    []layerLoss
 	seq     int        // of the last loss
 	users   liveLayers // which sandboxes use which layers (Node); nil until known
+
+	traces *layerTraces // collects the server's prefetch traces (traces.go)
 
 	stop  chan struct{} // closed by Close
 	done  chan struct{} // closed when supervise returns
@@ -258,7 +264,11 @@ func (s *layerServer) hungPid() int {
 // a kill of the agent's process group does not reach it) and cgroup, its
 // output appended to server.log, and waits until it answers.
 func (s *layerServer) spawn() (*serverProc, error) {
-	cmd, err := layerServerCommand([]string{"--dir", s.cfg.Dir, "--blobs", s.cfg.Blobs, "--chunk-cache", strconv.FormatInt(s.cfg.CacheBytes, 10)})
+	flags := []string{"--dir", s.cfg.Dir, "--blobs", s.cfg.Blobs, "--chunk-cache", strconv.FormatInt(s.cfg.CacheBytes, 10)}
+	if s.cfg.TraceWindow != 0 {
+		flags = append(flags, "--trace-window", s.cfg.TraceWindow.String())
+	}
+	cmd, err := layerServerCommand(flags)
 	if err != nil {
 		return nil, err
 	}
@@ -704,6 +714,8 @@ func (a layerAgent) Status() api.Node {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	n.Problems = append(n.Problems, a.layers.Problems(ctx)...)
+	n.LayerPrefetch = true
+	n.PrefetchTraces = a.layers.traces.Recent()
 	return n
 }
 

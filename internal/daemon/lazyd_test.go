@@ -6,11 +6,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -51,6 +53,7 @@ func testLazyd(args []string) int {
 	f.StringVar(&cfg.Dir, "dir", "", "")
 	f.StringVar(&cfg.Blobs, "blobs", "", "")
 	f.Int64Var(&cfg.CacheBytes, "chunk-cache", 0, "")
+	f.DurationVar(&cfg.TraceWindow, "trace-window", 0, "")
 	if err := f.Parse(args); err != nil {
 		return 2
 	}
@@ -241,5 +244,82 @@ func TestLayerServerRestart(t *testing.T) {
 	}
 	if _, err := os.Stat(lazy.Socket(cfg.Dir)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("socket left: %v", err)
+	}
+}
+
+// TestLayerTraces: the trace a layer server records is stored as a blob,
+// acknowledged, recorded and listed in the node's status.
+func TestLayerTraces(t *testing.T) {
+	testutil.RequireRoot(t)
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		testutil.Unavailable(t, "needs /dev/fuse: %v", err)
+	}
+	every := traceCollectEvery
+	traceCollectEvery = 100 * time.Millisecond
+	defer func() { traceCollectEvery = every }()
+	tmp := t.TempDir()
+	store, err := blob.NewDir(filepath.Join(tmp, "blobs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	content := bytes.Repeat([]byte("0123456789abcdef"), 1<<14)
+	d, _, err := store.Put(context.Background(), bytes.NewReader(content))
+	if err != nil {
+		t.Fatal(err)
+	}
+	layer := lazy.Layer{Digest: blob.FromBytes([]byte("a manifest")), Size: int64(len(content)), Chunks: []lazy.Chunk{{Digest: d, Size: int64(len(content))}}}
+	log := &testutil.SyncBuffer{}
+	s, err := startLayerServer(layerServerConfig{
+		Dir: filepath.Join(tmp, "lazy"), Blobs: filepath.Join(tmp, "blobs"), CacheBytes: 64 << 20, TraceWindow: 200 * time.Millisecond,
+		Log: slog.New(slog.NewTextHandler(log, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	type recorded struct{ layer, trace, node string }
+	got := make(chan recorded, 10)
+	s.traces = &layerTraces{server: s, blobs: store, node: "n1", log: s.log,
+		record: func(ctx context.Context, layer, trace, node string) (bool, error) {
+			got <- recorded{layer, trace, node}
+			return true, nil
+		}}
+	go s.traces.run(s.stop)
+	path, err := s.Add(layer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(path); err != nil || !bytes.Equal(b, content) {
+		t.Fatalf("read the layer: %d bytes, %v", len(b), err)
+	}
+	var r recorded
+	select {
+	case r = <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no trace recorded within 10s; log:\n%s", log)
+	}
+	if r.layer != layer.Digest || r.node != "n1" {
+		t.Errorf("recorded %+v, want layer %s of n1", r, layer.Digest)
+	}
+	rc, err := store.Open(context.Background(), r.trace)
+	if err != nil {
+		t.Fatalf("the trace blob: %v", err)
+	}
+	b, _ := io.ReadAll(rc)
+	rc.Close()
+	if tr, err := lazy.DecodeTrace(b); err != nil || tr.Layer != layer.Digest || !slices.Equal(tr.Pieces, []int{0}) {
+		t.Errorf("the trace blob: %+v, %v; want the layer's one chunk", tr, err)
+	}
+	if recent := s.traces.Recent(); len(recent) != 1 || recent[0].Layer != layer.Digest || recent[0].Trace != r.trace {
+		t.Errorf("recent traces %+v, want the one recorded", recent)
+	}
+	c, _ := s.client()
+	if left, err := c.Traces(context.Background()); err != nil || len(left) != 0 {
+		t.Errorf("the server still has traces after they were stored: %+v, %v", left, err)
+	}
+	select {
+	case again := <-got:
+		t.Errorf("recorded again: %+v", again)
+	case <-time.After(300 * time.Millisecond):
 	}
 }

@@ -123,7 +123,8 @@ func Up(ctx context.Context, cfg UpConfig) error {
 	// One registry for the apiserver's metrics and the node's: up serves
 	// both on its API's /metrics, the one address there is to scrape.
 	reg := prometheus.NewRegistry()
-	layers, err := setupLayers(nodeDir, nodeID, cache, blobsOf(cfg.Blobs, dir), cfg.Layers, reg, log)
+	// No fleet watcher polls this node: it records its traces itself.
+	layers, err := setupLayers(nodeDir, nodeID, cache, blobsOf(cfg.Blobs, dir), imgs.blobs, imgs.images.RecordTrace, cfg.Layers, reg, log)
 	if err != nil {
 		return err
 	}

@@ -196,6 +196,7 @@ func (e *entry) view(maxMissed int) NodeView {
 		n.Security = e.status.Security
 		n.Snapshots = e.status.Snapshots
 		n.PauseReclaim = e.status.PauseReclaim
+		n.LayerPrefetch = e.status.LayerPrefetch
 	}
 	v := NodeView{Node: n, Polled: e.polled, Missed: e.missed, LastPoll: e.lastPoll, Secret: e.secret, e: e}
 	v.Unreachable = maxMissed > 0 && e.missed >= maxMissed

@@ -93,7 +93,8 @@ func (c *Cache) Loading() (string, *api.LayerCacheStats) {
 		return api.LayersLazy, nil
 	}
 	return api.LayersLazy, &api.LayerCacheStats{Hits: st.Hits, Misses: st.Misses, Fetches: st.Fetches, FetchErrors: st.FetchErrors,
-		FetchedBytes: st.Fetched, WrittenBytes: st.Written, Evicted: st.Evicted, UsedBytes: st.Used, LimitBytes: st.Limit, FetchMs: st.FetchTime.Milliseconds()}
+		FetchedBytes: st.Fetched, WrittenBytes: st.Written, Evicted: st.Evicted, UsedBytes: st.Used, LimitBytes: st.Limit, FetchMs: st.FetchTime.Milliseconds(),
+		PrefetchedBytes: st.Prefetched}
 }
 
 // Fetch returns the local EROFS file of the layer whose manifest has
@@ -104,6 +105,14 @@ func (c *Cache) Loading() (string, *api.LayerCacheStats) {
 // not match its digest, ErrNotFound (code "layer_not_found") if the blob
 // store lacks the manifest or a chunk.
 func (c *Cache) Fetch(ctx context.Context, digest string) (backend.Layer, error) {
+	return c.FetchTraced(ctx, digest, "")
+}
+
+// FetchTraced is Fetch of a layer with a prefetch trace (the digest of a
+// trace blob, api.Image.PrefetchTraces; "" for none): a lazily loaded
+// layer replays it in the background (package lazy); a layer without
+// one has its first reads recorded into one. An eager cache ignores it.
+func (c *Cache) FetchTraced(ctx context.Context, digest, trace string) (backend.Layer, error) {
 	path, err := c.Path(digest)
 	if err != nil {
 		return backend.Layer{}, err
@@ -115,7 +124,7 @@ func (c *Cache) Fetch(ctx context.Context, digest string) (backend.Layer, error)
 		return backend.Layer{Digest: digest, Path: path}, nil
 	}
 	if c.lazy != nil {
-		return c.fetchLazy(ctx, digest)
+		return c.fetchLazy(ctx, digest, trace)
 	}
 
 	c.mu.Lock()
@@ -357,10 +366,10 @@ func (c *Cache) List() ([]string, error) {
 }
 
 // fetchLazy makes the layer of manifest digest appear on the lazy
-// filesystem. The manifest comes from the local copy if there is one.
-// A blob store that cannot be reached is ErrUnavailable with code
-// image_unavailable.
-func (c *Cache) fetchLazy(ctx context.Context, digest string) (backend.Layer, error) {
+// filesystem, replaying trace if set. The manifest comes from the local
+// copy if there is one. A blob store that cannot be reached is
+// ErrUnavailable with code image_unavailable.
+func (c *Cache) fetchLazy(ctx context.Context, digest, trace string) (backend.Layer, error) {
 	h, err := blob.ParseDigest(digest)
 	if err != nil {
 		return backend.Layer{}, err
@@ -384,15 +393,22 @@ func (c *Cache) fetchLazy(ctx context.Context, digest string) (backend.Layer, er
 		}
 		return backend.Layer{}, errdefs.New(errdefs.ErrUnavailable, api.CodeImageUnavailable, "layer %s: its manifest cannot be read from the blob store: %v", digest, err)
 	}
-	l := lazy.Layer{Digest: digest, Size: m.Size, BlockSize: m.BlockSize, Chunks: make([]lazy.Chunk, len(m.Chunks))}
-	for i, ch := range m.Chunks {
-		l.Chunks[i] = lazy.Chunk{Digest: ch.Digest, Size: ch.Size, Blocks: ch.Blocks}
-	}
-	path, err := c.lazy.Add(l)
+	path, err := c.lazy.Add(m.lazyLayer(digest, trace))
 	if err != nil {
 		return backend.Layer{}, fmt.Errorf("fetch layer %s: %w", digest, err)
 	}
 	return backend.Layer{Digest: digest, Path: path}, nil
+}
+
+// lazyLayer is the layer of manifest m, whose digest is digest, as a
+// lazy filesystem serves it, with a prefetch trace to replay if trace is
+// set.
+func (m Manifest) lazyLayer(digest, trace string) lazy.Layer {
+	l := lazy.Layer{Digest: digest, Size: m.Size, BlockSize: m.BlockSize, Extents: m.Extents, Chunks: make([]lazy.Chunk, len(m.Chunks)), Trace: trace}
+	for i, ch := range m.Chunks {
+		l.Chunks[i] = lazy.Chunk{Digest: ch.Digest, Size: ch.Size, Blocks: ch.Blocks}
+	}
+	return l
 }
 
 // writeFileAtomic writes b to path through a temporary file and a rename.

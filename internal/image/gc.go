@@ -20,7 +20,7 @@ import (
 // Roots are every layer record's manifest, every environment's layer
 // digests, the layers of live sandboxes (the caller asks the nodes), and
 // pins: the manifest and chunk digests of layers being published. A
-// manifest keeps its chunks and its parent. Blobs reachable from no root
+// manifest keeps its chunks, its parent and its prefetch trace. Blobs reachable from no root
 // are deleted, unless younger than the grace period where the store can
 // tell (a directory store can).
 //
@@ -198,6 +198,17 @@ func (r *Registry) GC(ctx context.Context, live map[string][]string) (api.GCResu
 	marked, err := r.mark(ctx, live)
 	if err != nil {
 		return res, fmt.Errorf("gc: %w", err)
+	}
+	// The trace blobs of the layers kept are kept; the records of the
+	// others' go (traces.go).
+	stale, err := r.markTraces(ctx, marked)
+	if err != nil {
+		return res, fmt.Errorf("gc: %w", err)
+	}
+	for _, key := range stale {
+		if err := r.st.Delete(ctx, key); err != nil {
+			return res, fmt.Errorf("gc: %w", err)
+		}
 	}
 	lastRenew := time.Now()
 	for _, d := range blobs {

@@ -393,14 +393,18 @@ func decodeLayer(kv store.KV) (api.Layer, error) {
 }
 
 // ListLayers returns every layer, sorted by name and then version, each
-// with the environments that use it. It reads every layer and environment
-// record.
+// with the environments that use it and its prefetch trace. It reads
+// every layer, environment and trace record.
 func (r *Registry) ListLayers(ctx context.Context) ([]api.Layer, error) {
 	kvs, err := r.st.List(ctx, layersPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("list layers: %w", err)
 	}
 	users, err := r.layerUsers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	traces, err := r.traces(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -411,6 +415,7 @@ func (r *Registry) ListLayers(ctx context.Context) ([]api.Layer, error) {
 			return nil, err
 		}
 		l.UsedBy = users[l.Ref]
+		l.PrefetchTrace = traces[l.Digest]
 		out = append(out, l)
 	}
 	sort.Slice(out, func(i, j int) bool {
@@ -422,7 +427,8 @@ func (r *Registry) ListLayers(ctx context.Context) ([]api.Layer, error) {
 	return out, nil
 }
 
-// DescribeLayer is GetLayer plus the environments that use the layer.
+// DescribeLayer is GetLayer plus the environments that use the layer and
+// its prefetch trace.
 func (r *Registry) DescribeLayer(ctx context.Context, ref string) (api.Layer, error) {
 	l, err := r.GetLayer(ctx, ref)
 	if err != nil {
@@ -433,6 +439,9 @@ func (r *Registry) DescribeLayer(ctx context.Context, ref string) (api.Layer, er
 		return l, err
 	}
 	l.UsedBy = users[l.Ref]
+	if l.PrefetchTrace, err = r.Trace(ctx, l.Digest); err != nil {
+		return l, err
+	}
 	return l, nil
 }
 

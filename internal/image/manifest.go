@@ -56,9 +56,18 @@ type Manifest struct {
 	// chunk lists (Chunk.Blocks). Manifests written before blocks existed
 	// have none (the encoding leaves both out, so their digests stand):
 	// nodes load such layers a whole chunk at a time.
-	BlockSize int64   `json:"block_size,omitempty"`
-	Chunks    []Chunk `json:"chunks"`
+	BlockSize int64 `json:"block_size,omitempty"`
+	// Extents are where the data of the image's larger files lies
+	// ([offset, length], sorted, from ExtentMin up): a node loading the
+	// layer on demand reads ahead within a file, never past its end into
+	// the next file's bytes.
+	Extents [][2]int64 `json:"extents,omitempty"`
+	Chunks  []Chunk    `json:"chunks"`
 }
+
+// ExtentMin is the smallest file a manifest lists the extent of: smaller
+// ones are read whole in one or two blocks, with no readahead to bound.
+const ExtentMin = 128 << 10
 
 // Chunk is one piece of a layer's image, stored as its own blob. Its
 // offset in the image is the sum of the sizes before it.
@@ -114,6 +123,13 @@ func (m *Manifest) Validate() error {
 	}
 	if m.BlockSize != 0 && (m.BlockSize < minChunkSize || m.BlockSize > m.ChunkSize) {
 		return bad("block size %d out of range", m.BlockSize)
+	}
+	var end int64
+	for i, e := range m.Extents {
+		if e[0] < end || e[1] <= 0 || e[0]+e[1] > m.Size {
+			return bad("extent %d %v: out of order or past the image", i, e)
+		}
+		end = e[0] + e[1]
 	}
 	var total int64
 	for i, c := range m.Chunks {
@@ -239,11 +255,21 @@ func planManifest(ctx context.Context, path, kind, parent string) (Manifest, err
 	if size == 0 {
 		return Manifest{}, errdefs.Invalid("layer image %s is empty", path)
 	}
-	files, err := fileExtents(f, size, ChunkSize)
-	if err != nil {
-		files = nil // a plain grid is still a correct cut, just dedups less
-	}
 	m := Manifest{Schema: ManifestSchema, Kind: kind, Parent: parent, Size: size, ChunkSize: ChunkSize, BlockSize: BlockSize}
+	var files []extent // the large files the grid is anchored on
+	if ext, err := fileExtents(f, size, ExtentMin); err == nil {
+		var end int64
+		for _, e := range ext {
+			if e.off < end || e.off+e.len > size {
+				continue // shared or odd blocks: not bounded, not anchored on
+			}
+			end = e.off + e.len
+			m.Extents = append(m.Extents, [2]int64{e.off, e.len})
+			if e.len >= ChunkSize {
+				files = append(files, e)
+			}
+		}
+	} // else a plain grid is still a correct cut, just dedups less
 	whole := blob.NewDigester()
 	buf := make([]byte, ChunkSize)
 	r := io.TeeReader(blob.ContextReader(ctx, f), whole)

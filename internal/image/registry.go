@@ -76,8 +76,8 @@ func NewRegistry(st store.Store, bs blob.Store, opts ...Option) *Registry {
 func (r *Registry) Blobs() blob.Store { return r.bs }
 
 // Get resolves an environment ref ("name@version", or "name" for its
-// latest version) to the image a sandbox starts from: the layers' digests
-// and the environment's defaults. ErrNotFound (code "image_not_found") if
+// latest version) to the image a sandbox starts from: the layers' digests,
+// their prefetch traces (traces.go) and the environment's defaults. ErrNotFound (code "image_not_found") if
 // there is no such environment, ErrInvalid for a malformed ref.
 func (r *Registry) Get(ctx context.Context, name string) (api.Image, error) {
 	ref, err := ParseRef(name, true)
@@ -91,7 +91,9 @@ func (r *Registry) Get(ctx context.Context, name string) (api.Image, error) {
 	if err != nil {
 		return api.Image{}, err
 	}
-	return envImage(env), nil
+	img := envImage(env)
+	r.withTraces(ctx, &img)
+	return img, nil
 }
 
 // List returns every environment version as an image, sorted by name and
@@ -153,6 +155,7 @@ func (r *Registry) ResolveLayers(ctx context.Context, refs []string) (api.Image,
 		}
 	}
 	img.Name = strings.Join(names, "+")
+	r.withTraces(ctx, &img)
 	return img, nil
 }
 

@@ -64,6 +64,7 @@ const (
 	fetchErrors
 	fetchedBytes
 	writtenBytes
+	prefetchedBytes // fetched by a trace's replay (also in fetchedBytes)
 	nCounters
 )
 
@@ -76,7 +77,8 @@ type counters struct {
 func (c *counters) snapshot() Counts {
 	return Counts{
 		Hits: c.n[hits].Load(), Misses: c.n[misses].Load(), Fetches: c.n[fetches].Load(), FetchErrors: c.n[fetchErrors].Load(),
-		Fetched: c.n[fetchedBytes].Load(), Written: c.n[writtenBytes].Load(), FetchLatency: c.fetchTime.snapshot(),
+		Fetched: c.n[fetchedBytes].Load(), Written: c.n[writtenBytes].Load(), Prefetched: c.n[prefetchedBytes].Load(),
+		FetchLatency: c.fetchTime.snapshot(),
 	}
 }
 
@@ -99,6 +101,9 @@ type Counts struct {
 	FetchErrors int64 `json:"fetch_errors"` // failed fetch attempts (retried or not)
 	Fetched     int64 `json:"fetched_bytes"`
 	Written     int64 `json:"written_bytes"` // to the local disk
+	// Prefetched are the bytes of Fetched that the replay of a prefetch
+	// trace fetched (trace.go), ahead of any read.
+	Prefetched int64 `json:"prefetched_bytes"`
 	// FetchLatency is how long fetches took, each from its first attempt
 	// to its readers' answer (retries and their backoff included; failed
 	// fetches too).
@@ -302,7 +307,7 @@ func (c *Cache) Ensure(ctx context.Context, m *Meter, pieces ...Piece) error {
 	var run []Piece
 	start := func() {
 		if len(run) > 0 {
-			c.startFetch(context.WithoutCancel(ctx), m, run)
+			c.startFetch(context.WithoutCancel(ctx), m, run, false)
 			run = nil
 		}
 	}
@@ -347,37 +352,49 @@ func (c *Cache) Ensure(ctx context.Context, m *Meter, pieces ...Piece) error {
 // Prefetch fetches pieces the cache lacks in the background (adjacent
 // blocks by one ranged read), charging the fetches to m too.
 func (c *Cache) Prefetch(m *Meter, pieces ...Piece) {
+	c.prefetch(m, false, pieces)
+}
+
+// prefetch starts the fetches of the pieces the cache lacks that no one
+// fetches yet (adjacent blocks by one ranged read) and returns their
+// flights; replay counts their bytes as prefetched too.
+func (c *Cache) prefetch(m *Meter, replay bool, pieces []Piece) []*flight {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var run []Piece
+	var started []*flight
 	for _, p := range pieces {
 		if c.entries[p.Digest] != nil || c.flights[p.Digest] != nil {
 			if len(run) > 0 {
-				c.startFetch(context.Background(), m, run)
+				c.startFetch(context.Background(), m, run, replay)
 				run = nil
 			}
 			continue
 		}
 		if len(run) > 0 && (!p.follows(run[len(run)-1]) || (p.Off+p.Size)-run[0].Off > maxRun) {
-			c.startFetch(context.Background(), m, run)
+			c.startFetch(context.Background(), m, run, replay)
 			run = nil
 		}
 		run = append(run, p)
-		c.flights[p.Digest] = &flight{done: make(chan struct{})}
+		fl := &flight{done: make(chan struct{})}
+		c.flights[p.Digest] = fl
+		started = append(started, fl)
 	}
 	if len(run) > 0 {
-		c.startFetch(context.Background(), m, run)
+		c.startFetch(context.Background(), m, run, replay)
 	}
+	return started
 }
 
 // startFetch fetches run (one piece, or adjacent blocks of one chunk)
-// whose flights are registered. c.mu held.
-func (c *Cache) startFetch(ctx context.Context, m *Meter, run []Piece) {
+// whose flights are registered; replay counts its bytes as prefetched
+// too. c.mu held.
+func (c *Cache) startFetch(ctx context.Context, m *Meter, run []Piece, replay bool) {
 	fls := make([]*flight, len(run))
 	for i, p := range run {
 		fls[i] = c.flights[p.Digest]
 	}
-	go c.fetch(ctx, m, run, fls)
+	go c.fetch(ctx, m, run, fls, replay)
 }
 
 // count adds n to counter k of the cache's totals and of m's.
@@ -390,12 +407,12 @@ func (c *Cache) count(m *Meter, k counter, n int64) {
 
 // fetch gets a run of pieces from the store into the cache, with
 // retries, counts it against m too, and ends the pieces' flights.
-func (c *Cache) fetch(ctx context.Context, m *Meter, run []Piece, fls []*flight) {
+func (c *Cache) fetch(ctx context.Context, m *Meter, run []Piece, fls []*flight, replay bool) {
 	start := time.Now()
 	var err error
 	wait := fetchBackoff
 	for attempt := 1; ; attempt++ {
-		if err = c.fetchOnce(ctx, m, run); err == nil {
+		if err = c.fetchOnce(ctx, m, run, replay); err == nil {
 			break
 		}
 		c.count(m, fetchErrors, 1)
@@ -434,7 +451,7 @@ var errCorrupt = errors.New("chunk does not match its digest")
 
 // fetchOnce reads run from the store (a whole chunk, or one ranged read
 // of adjacent blocks), verifies each piece and writes it into the cache.
-func (c *Cache) fetchOnce(ctx context.Context, m *Meter, run []Piece) error {
+func (c *Cache) fetchOnce(ctx context.Context, m *Meter, run []Piece, replay bool) error {
 	var total int64
 	for _, p := range run {
 		if p.Size <= 0 || p.Size > maxChunk {
@@ -462,6 +479,9 @@ func (c *Cache) fetchOnce(ctx context.Context, m *Meter, run []Piece) error {
 	}
 	c.count(m, fetches, 1)
 	c.count(m, fetchedBytes, int64(len(b)))
+	if replay {
+		c.count(m, prefetchedBytes, int64(len(b)))
+	}
 	if int64(len(b)) != total {
 		return fmt.Errorf("chunk %s: %d bytes, want %d: %w", cmp.Or(first.Chunk, first.Digest), len(b), total, errCorrupt)
 	}

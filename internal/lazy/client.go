@@ -97,6 +97,19 @@ func (c *Client) StatsContext(ctx context.Context) (Stats, error) {
 	return st, c.call(ctx, http.MethodGet, "/v1/stats", nil, &st)
 }
 
+// Traces asks the server for the prefetch traces it recorded that are
+// not acknowledged yet (FS.Traces).
+func (c *Client) Traces(ctx context.Context) ([]Trace, error) {
+	var out struct{ Traces []Trace }
+	return out.Traces, c.call(ctx, http.MethodGet, "/v1/traces", nil, &out)
+}
+
+// AckTrace tells the server that the trace of layer digest is stored: it
+// forgets it (FS.AckTrace).
+func (c *Client) AckTrace(ctx context.Context, digest string) error {
+	return c.call(ctx, http.MethodDelete, "/v1/traces/"+digest, nil, nil)
+}
+
 // Stop asks the server to unmount its filesystem and exit. Layers still
 // mounted on its files fail reads from then on.
 func (c *Client) Stop(ctx context.Context) error {

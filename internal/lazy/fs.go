@@ -24,6 +24,10 @@
 // and written, and a fetch latency histogram. FS.Stats returns them as a
 // plain snapshot, which the agent exports (Prometheus) and reports.
 //
+// A layer's first starts are recorded as a prefetch trace, the order
+// its pieces were first read in, which later starts replay in the
+// background on any node (trace.go).
+//
 // Chosen over the kernel's other paths on these hosts: EROFS's own
 // on-demand mode (fscache, EROFS_FS_ONDEMAND) and ublk are not built into
 // the kernel here; a FUSE file under file-backed EROFS needs nothing but
@@ -35,6 +39,7 @@ package lazy
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"sort"
 	"strings"
@@ -67,6 +72,13 @@ type Layer struct {
 	Size      int64   `json:"size"`   // of the image
 	BlockSize int64   `json:"block_size,omitempty"`
 	Chunks    []Chunk `json:"chunks"`
+	// Extents are where the image's larger files lie ([offset, length],
+	// sorted): readahead stays within the file being read.
+	Extents [][2]int64 `json:"extents,omitempty"`
+	// Trace, if set, is the digest of a prefetch trace blob of the layer
+	// (Trace) to replay in the background; a layer added without one
+	// has its first reads recorded into one (trace.go).
+	Trace string `json:"trace,omitempty"`
 }
 
 // FS is the lazy layer filesystem of a node.
@@ -76,10 +88,28 @@ type FS struct {
 	server *fuse.Server
 	root   *fs.Inode
 
+	window time.Duration // of a trace's recording; 0: none recorded
+	log    *slog.Logger
+	closed chan struct{} // closed by Close: replays stop
+
 	mu     sync.Mutex
 	layers map[string]*layerFile // by file name
 	ino    uint64
+	ready  []Trace // recorded, not acknowledged yet (trace.go)
 }
+
+// MountOption configures Mount.
+type MountOption func(*FS)
+
+// WithTraceWindow sets how long a layer's reads are recorded into its
+// prefetch trace from the first (default DefaultTraceWindow); 0 or less
+// records none.
+func WithTraceWindow(d time.Duration) MountOption {
+	return func(f *FS) { f.window = max(d, 0) }
+}
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) MountOption { return func(f *FS) { f.log = l } }
 
 // readAhead bounds how many bytes past a read are fetched with it when
 // the reads of a file go forward piece after piece (a sequential read, as
@@ -94,11 +124,14 @@ const readAhead = 512 << 10
 
 // Mount mounts an empty lazy filesystem on dir (made if missing), its
 // reads served through cache.
-func Mount(dir string, cache *Cache) (*FS, error) {
+func Mount(dir string, cache *Cache, options ...MountOption) (*FS, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	f := &FS{dir: dir, cache: cache, layers: map[string]*layerFile{}, ino: 1}
+	f := &FS{dir: dir, cache: cache, layers: map[string]*layerFile{}, ino: 1, window: DefaultTraceWindow, log: slog.Default(), closed: make(chan struct{})}
+	for _, o := range options {
+		o(f)
+	}
 	rootNode := &fs.Inode{}
 	second := time.Second
 	// Names and sizes never change once added: the kernel may cache them.
@@ -135,7 +168,9 @@ func (f *FS) Cache() *Cache { return f.cache }
 
 // Add makes the layer whose manifest has digest appear, as a file of
 // size bytes cut into chunks, and returns the file's path. Adding a
-// layer already there returns its path.
+// layer already there returns its path. With a Trace, the trace is
+// replayed in the background (once per layer file; a bad trace is
+// ignored); without, the file's first reads are recorded into one.
 func (f *FS) Add(l Layer) (string, error) {
 	digest, size := l.Digest, l.Size
 	h, err := blob.ParseDigest(digest)
@@ -149,13 +184,25 @@ func (f *FS) Add(l Layer) (string, error) {
 	name := h + ".erofs"
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.layers[name] == nil {
+	lf := f.layers[name]
+	if lf == nil {
 		f.ino++
-		lf := &layerFile{fs: f, digest: digest, name: name, size: size, pieces: pieces, offs: offs}
+		lf = &layerFile{fs: f, digest: digest, name: name, size: size, blockSize: l.BlockSize, pieces: pieces, offs: offs, extents: validExtents(l.Extents, size)}
 		lf.last.Store(-2)
+		if l.Trace == "" && f.window > 0 {
+			lf.rec.Store(&recording{})
+		}
 		ch := f.root.NewPersistentInode(context.Background(), lf, fs.StableAttr{Mode: fuse.S_IFREG, Ino: f.ino})
 		f.root.AddChild(name, ch, false)
 		f.layers[name] = lf
+	}
+	if l.Trace != "" && lf.replayed.CompareAndSwap(false, true) {
+		// A trace came after all: no need for another, unless its
+		// file is being read already.
+		if r := lf.rec.Load(); r != nil && !r.started() {
+			lf.rec.CompareAndSwap(r, nil)
+		}
+		go f.replay(lf, l.Trace)
 	}
 	return f.Path(digest)
 }
@@ -201,6 +248,29 @@ func cut(l Layer) ([]Piece, []int64, error) {
 		return nil, nil, bad("chunks add up to %d bytes, not %d", total, l.Size)
 	}
 	return pieces, offs, nil
+}
+
+// validExtents returns the extents that are sorted, disjoint and within
+// the image, dropping others (they only bound readahead).
+func validExtents(ext [][2]int64, size int64) [][2]int64 {
+	var out [][2]int64
+	var end int64
+	for _, e := range ext {
+		if e[0] >= end && e[1] > 0 && e[0]+e[1] <= size {
+			out = append(out, e)
+			end = e[0] + e[1]
+		}
+	}
+	return out
+}
+
+// extentAt returns the extent holding offset off, if one does.
+func (l *layerFile) extentAt(off int64) ([2]int64, bool) {
+	i := sort.Search(len(l.extents), func(i int) bool { return l.extents[i][0] > off }) - 1
+	if i >= 0 && off < l.extents[i][0]+l.extents[i][1] {
+		return l.extents[i], true
+	}
+	return [2]int64{}, false
 }
 
 // Path is where the layer of manifest digest appears (added or not).
@@ -263,6 +333,11 @@ func (f *FS) Stats() Stats {
 // Close unmounts the filesystem: lazy layers mounted on it fail their
 // reads from then on.
 func (f *FS) Close() error {
+	select {
+	case <-f.closed:
+	default:
+		close(f.closed)
+	}
 	err := f.server.Unmount()
 	if err != nil && strings.Contains(err.Error(), "busy") {
 		// Layers are still mounted on it: detach it (they fail reads).
@@ -274,16 +349,20 @@ func (f *FS) Close() error {
 // layerFile is one layer's image.
 type layerFile struct {
 	fs.Inode
-	fs       *FS
-	digest   string // the layer's manifest digest
-	name     string
-	size     int64
-	pieces   []Piece      // what reads fetch: blocks, or whole chunks
-	offs     []int64      // each piece's offset in the image
-	last     atomic.Int64 // the last piece read, for readahead
-	streak   atomic.Int64 // reads in a row that went on from the last
-	meter    Meter        // the layer's share of the cache's totals
-	lastRead atomic.Int64 // unix nanoseconds, for Stats' order
+	fs        *FS
+	digest    string // the layer's manifest digest
+	name      string
+	size      int64
+	blockSize int64        // the layer's (Layer.BlockSize)
+	pieces    []Piece      // what reads fetch: blocks, or whole chunks
+	offs      []int64      // each piece's offset in the image
+	extents   [][2]int64   // the larger files' data, sorted (Layer.Extents)
+	last      atomic.Int64 // the last piece read, for readahead
+	streak    atomic.Int64 // reads in a row that went on from the last
+	lastFile  atomic.Int64 // the extent of the last read (its offset; -1: none)
+	meter     Meter        // the layer's share of the cache's totals
+	lastRead  atomic.Int64 // unix nanoseconds, for Stats' order
+	traceState
 }
 
 var (
@@ -320,15 +399,30 @@ func (l *layerFile) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off
 	for end < len(l.pieces) && l.offs[end] < off+n {
 		end++
 	}
+	if r := l.rec.Load(); r != nil && r.record(l, first, end) {
+		l.fs.endTrace(l, r)
+	}
 	// The pieces of one read are fetched at once (adjacent blocks by one
 	// ranged read); when reads go forward piece after piece, the next
 	// readAhead bytes with them.
-	if prev := l.last.Swap(int64(end - 1)); prev+1 != int64(first) && prev != int64(first) {
+	// A read in another file than the last (by the extents) starts over:
+	// the kernel's readahead past a file's end is no reason to read on.
+	ext, inExt := l.extentAt(off)
+	file := int64(-1)
+	if inExt {
+		file = ext[0]
+	}
+	prev := l.last.Swap(int64(end - 1))
+	if prevFile := l.lastFile.Swap(file); (prev+1 != int64(first) && prev != int64(first)) || prevFile != file {
 		l.streak.Store(0)
 	} else if streak := l.streak.Add(1); !l.fs.cache.Has(l.pieces[first].Digest) {
 		window := int64(readAhead) >> max(0, 4-streak) // 64 KiB, 128 KiB, 256 KiB, 512 KiB
+		limit := off + n + window
+		if inExt {
+			limit = min(limit, ext[0]+ext[1]) // not into the next file
+		}
 		ahead := end
-		for ahead < len(l.pieces) && l.offs[ahead] < off+n+window {
+		for ahead < len(l.pieces) && l.offs[ahead] < limit {
 			ahead++
 		}
 		l.fs.cache.Prefetch(&l.meter, l.pieces[first:ahead]...)

@@ -53,7 +53,10 @@ type ServerConfig struct {
 	Dir        string     // the server's directory (made if missing)
 	Store      blob.Store // where chunks come from
 	CacheBytes int64      // the chunk cache's limit
-	Log        *slog.Logger
+	// TraceWindow is how long a layer's reads are recorded into its
+	// prefetch trace (0: DefaultTraceWindow; negative: none recorded).
+	TraceWindow time.Duration
+	Log         *slog.Logger
 }
 
 // Socket is the control socket of the server in dir.
@@ -96,7 +99,11 @@ func Serve(ctx context.Context, cfg ServerConfig) error {
 	if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 		log.Warn("lazy layers: unmount the earlier filesystem", "dir", mnt, "err", err)
 	}
-	fsys, err := Mount(mnt, cache)
+	window := cfg.TraceWindow
+	if window == 0 {
+		window = DefaultTraceWindow
+	}
+	fsys, err := Mount(mnt, cache, WithTraceWindow(window), WithLogger(log))
 	if err != nil {
 		return err
 	}
@@ -147,6 +154,13 @@ func Serve(ctx context.Context, cfg ServerConfig) error {
 	})
 	mux.HandleFunc("DELETE /v1/layers/{digest}", func(w http.ResponseWriter, r *http.Request) {
 		fsys.Remove(r.PathValue("digest"))
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("GET /v1/traces", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, map[string][]Trace{"traces": fsys.Traces()})
+	})
+	mux.HandleFunc("DELETE /v1/traces/{digest}", func(w http.ResponseWriter, r *http.Request) {
+		fsys.AckTrace(r.PathValue("digest"))
 		w.WriteHeader(http.StatusNoContent)
 	})
 	mux.HandleFunc("POST /v1/stop", func(w http.ResponseWriter, r *http.Request) {

@@ -61,7 +61,9 @@ func TestServer(t *testing.T) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	served := make(chan error, 1)
-	go func() { served <- lazy.Serve(sctx, lazy.ServerConfig{Dir: dir, Store: store, CacheBytes: 64 << 20}) }()
+	go func() {
+		served <- lazy.Serve(sctx, lazy.ServerConfig{Dir: dir, Store: store, CacheBytes: 64 << 20, TraceWindow: 200 * time.Millisecond})
+	}()
 	var c *lazy.Client
 	var info lazy.Info
 	for deadline := time.Now().Add(10 * time.Second); ; {
@@ -116,6 +118,24 @@ func TestServer(t *testing.T) {
 	}
 	if st.Fetched == 0 || st.Fetched > int64(len(img)) || st.Misses == 0 || len(st.Layers) != 1 || st.Layers[0].Digest != layer.Digest {
 		t.Errorf("stats %+v: want the layer's reads, at most its %d bytes fetched", st, len(img))
+	}
+
+	// The reads were recorded: the server hands the trace out until it
+	// is acknowledged.
+	var traces []lazy.Trace
+	for deadline := time.Now().Add(10 * time.Second); len(traces) == 0; time.Sleep(50 * time.Millisecond) {
+		if traces, err = c.Traces(ctx); err != nil || time.Now().After(deadline) {
+			t.Fatalf("no trace from the server within 10s: %v", err)
+		}
+	}
+	if len(traces) != 1 || traces[0].Layer != layer.Digest || traces[0].Schema != lazy.TraceSchema || len(traces[0].Pieces) == 0 {
+		t.Errorf("traces %+v, want one of layer %s", traces, layer.Digest)
+	}
+	if err := c.AckTrace(ctx, layer.Digest); err != nil {
+		t.Fatal(err)
+	}
+	if traces, err := c.Traces(ctx); err != nil || len(traces) != 0 {
+		t.Errorf("traces after the ack: %+v, %v", traces, err)
 	}
 
 	// Mounted: a stop "if unused" is refused, and the server serves on.

@@ -50,6 +50,13 @@ type Layers interface {
 	Fetch(ctx context.Context, digest string) (backend.Layer, error)
 }
 
+// TracedLayers is what a Layers may also do: fetch a layer with the
+// prefetch trace its image names for it (api.Image.PrefetchTraces), which
+// a node that loads layers lazily replays. *image.Cache does.
+type TracedLayers interface {
+	FetchTraced(ctx context.Context, digest, trace string) (backend.Layer, error)
+}
+
 // Limits bound what the node admits. Zero fields take defaults from the host.
 type Limits struct {
 	CPU       float64 // cores that requests may add up to (after overcommit)

@@ -279,8 +279,15 @@ func (a *Agent) knownBackend(name string) bool {
 // it runs under and specRuntime its backend.Spec's.
 func (a *Agent) create(ctx context.Context, b backend.Backend, req api.CreateSandboxRequest, img api.Image, specRuntime string) (api.Sandbox, error) {
 	layers := make([]backend.Layer, 0, len(img.Layers))
+	traced, _ := a.cfg.Layers.(TracedLayers)
 	for _, d := range img.Layers {
-		l, err := a.cfg.Layers.Fetch(ctx, d)
+		var l backend.Layer
+		var err error
+		if t := img.PrefetchTraces[d]; t != "" && traced != nil {
+			l, err = traced.FetchTraced(ctx, d, t)
+		} else {
+			l, err = a.cfg.Layers.Fetch(ctx, d)
+		}
 		if err != nil {
 			return api.Sandbox{}, fmt.Errorf("image %s: layer %s: %w", img.Name, d, err)
 		}
