@@ -57,6 +57,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/warrenhq/warren/bench/internal/benchup"
 	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/internal/daemon"
 )
@@ -145,6 +146,9 @@ func run(ctx context.Context, cfg config) (err error) {
 		return err
 	}
 
+	if err := benchup.FindHelpers(); err != nil { // warren-enter and co. for the container backend
+		return err
+	}
 	dctx, cancel := context.WithCancel(ctx)
 	ready := make(chan string, 1)
 	done := make(chan error, 1)

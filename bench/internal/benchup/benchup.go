@@ -110,7 +110,7 @@ func (d *Daemon) Stop() {
 // Build compiles ./cmd/warren into dir/bin (run from the repository's root)
 // and returns the binary, with warren's helpers (bin/) findable by it.
 func Build(ctx context.Context, dir string) (string, error) {
-	if err := findHelpers(); err != nil {
+	if err := FindHelpers(); err != nil {
 		return "", err
 	}
 	bin := filepath.Join(dir, "bin", "warren")
@@ -153,7 +153,7 @@ func InProcess(ctx context.Context, dataDir string, withTLS, quiet bool) (*clien
 // cfg.Ready) and returns a client of it with the admin token: over https
 // when cfg.TLS has a certificate, with opts (a CA to trust).
 func Run(ctx context.Context, cfg daemon.UpConfig, opts ...client.Option) (*client.Client, error) {
-	if err := findHelpers(); err != nil {
+	if err := FindHelpers(); err != nil {
 		return nil, err
 	}
 	ready := make(chan string, 1)
@@ -177,10 +177,10 @@ func Run(ctx context.Context, cfg daemon.UpConfig, opts ...client.Option) (*clie
 	return client.New(scheme+addr, strings.TrimSpace(string(tok)), opts...), nil
 }
 
-// findHelpers puts the repository's bin/ (scripts/setup builds warren's C
+// FindHelpers puts the repository's bin/ (scripts/setup builds warren's C
 // helpers there) on PATH when the helpers are neither beside this
 // executable (`go run` builds it elsewhere) nor on PATH already.
-func findHelpers() error {
+func FindHelpers() error {
 	if p := hostbin.Find("warren-enter"); filepath.IsAbs(p) {
 		return nil
 	}

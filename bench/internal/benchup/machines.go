@@ -26,7 +26,7 @@ import (
 // benchmark calls before the next `warren up` of the same run, or before
 // Reap.
 func Start(ctx context.Context, cfg daemon.UpConfig, opts ...client.Option) (*client.Client, func() error, error) {
-	if err := findHelpers(); err != nil {
+	if err := FindHelpers(); err != nil {
 		return nil, nil, err
 	}
 	ready := make(chan string, 1)
@@ -64,7 +64,7 @@ func Start(ctx context.Context, cfg daemon.UpConfig, opts ...client.Option) (*cl
 // this program's executable would still win (the backend looks there
 // first): run the benchmark with `go run`, or from a directory of its own.
 func GuestAgent(dir string) (string, error) {
-	if err := findHelpers(); err != nil {
+	if err := FindHelpers(); err != nil {
 		return "", err
 	}
 	goBin, err := exec.LookPath("go")
