@@ -303,36 +303,7 @@ func (c *Cache) Has(digest string) bool {
 // the fetch if this read starts it).
 func (c *Cache) Ensure(ctx context.Context, m *Meter, pieces ...Piece) error {
 	c.mu.Lock()
-	var wait []*flight
-	var run []Piece
-	start := func() {
-		if len(run) > 0 {
-			c.startFetch(context.WithoutCancel(ctx), m, run, false)
-			run = nil
-		}
-	}
-	for _, p := range pieces {
-		if el := c.entries[p.Digest]; el != nil {
-			c.lru.MoveToFront(el)
-			c.count(m, hits, 1)
-			start()
-			continue
-		}
-		c.count(m, misses, 1)
-		if fl := c.flights[p.Digest]; fl != nil {
-			wait = append(wait, fl)
-			start()
-			continue
-		}
-		if len(run) > 0 && (!p.follows(run[len(run)-1]) || (p.Off+p.Size)-run[0].Off > maxRun) {
-			start()
-		}
-		run = append(run, p)
-		fl := &flight{done: make(chan struct{})}
-		c.flights[p.Digest] = fl
-		wait = append(wait, fl)
-	}
-	start()
+	wait := c.claim(context.WithoutCancel(ctx), m, pieces, true, false)
 	c.mu.Unlock()
 	// The fetches are the pieces', not this reader's: a reader that gives
 	// up does not fail the others.
@@ -361,29 +332,52 @@ func (c *Cache) Prefetch(m *Meter, pieces ...Piece) {
 func (c *Cache) prefetch(m *Meter, replay bool, pieces []Piece) []*flight {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.claim(context.Background(), m, pieces, false, replay)
+}
+
+// claim starts the fetches of the pieces the cache lacks that no one
+// fetches yet, adjacent blocks by one ranged read, and returns the
+// flights to wait for: those it started and, for a read, those already
+// under way too (a read also counts each piece as a hit, moving it to the
+// front, or a miss). c.mu held.
+func (c *Cache) claim(ctx context.Context, m *Meter, pieces []Piece, read, replay bool) []*flight {
+	var wait []*flight
 	var run []Piece
-	var started []*flight
+	start := func() {
+		if len(run) > 0 {
+			c.startFetch(ctx, m, run, replay)
+			run = nil
+		}
+	}
 	for _, p := range pieces {
-		if c.entries[p.Digest] != nil || c.flights[p.Digest] != nil {
-			if len(run) > 0 {
-				c.startFetch(context.Background(), m, run, replay)
-				run = nil
+		if el := c.entries[p.Digest]; el != nil {
+			if read {
+				c.lru.MoveToFront(el)
+				c.count(m, hits, 1)
 			}
+			start()
+			continue
+		}
+		if read {
+			c.count(m, misses, 1)
+		}
+		if fl := c.flights[p.Digest]; fl != nil {
+			if read {
+				wait = append(wait, fl)
+			}
+			start()
 			continue
 		}
 		if len(run) > 0 && (!p.follows(run[len(run)-1]) || (p.Off+p.Size)-run[0].Off > maxRun) {
-			c.startFetch(context.Background(), m, run, replay)
-			run = nil
+			start()
 		}
 		run = append(run, p)
 		fl := &flight{done: make(chan struct{})}
 		c.flights[p.Digest] = fl
-		started = append(started, fl)
+		wait = append(wait, fl)
 	}
-	if len(run) > 0 {
-		c.startFetch(context.Background(), m, run, replay)
-	}
-	return started
+	start()
+	return wait
 }
 
 // startFetch fetches run (one piece, or adjacent blocks of one chunk)
