@@ -413,7 +413,7 @@ func testPauseEvade(t *testing.T, p *platform) {
 	p.sh(t, id, `(i=0; while :; do i=$((i+1)); echo $i > /count.new; mv /count.new /count; (true &) ; sleep 0.02; done) > /dev/null 2>&1 &
 (while :; do for f in /sys/fs/cgroup/cgroup.freeze /sys/fs/cgroup/freezer/freezer.state /sys/fs/cgroup/freezer.state; do
   echo 0 > $f; echo THAWED > $f; done 2>/dev/null; sleep 0.05; done) > /dev/null 2>&1 &
-sleep 0.3; echo started`)
+until [ -s /count ]; do sleep 0.01; done; echo started`)
 	ctx := context.Background()
 	count := func() int {
 		t.Helper()

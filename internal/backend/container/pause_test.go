@@ -21,7 +21,8 @@ func TestPause(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
 	h.start(h.spec("pause-1"))
-	h.sh("pause-1", `dd if=/dev/zero of=/work.bin bs=1M count=48 2>/dev/null; (i=0; while :; do i=$((i+1)); echo $i > /count; sleep 0.02; done) > /dev/null 2>&1 &`)
+	h.sh("pause-1", `dd if=/dev/zero of=/work.bin bs=1M count=48 2>/dev/null; (i=0; while :; do i=$((i+1)); echo $i > /count; sleep 0.02; done) > /dev/null 2>&1 &
+		until [ -s /count ]; do sleep 0.01; done`) // a loaded host may not have run the loop yet
 	count := func() string {
 		t.Helper()
 		var b bytes.Buffer
