@@ -27,12 +27,13 @@ type result struct {
 	received  int64           // bytes over the store link
 	written   int64           // the agent process's write_bytes
 	cacheDisk int64           // what the node's layer caches hold after
+	cpuBusy   float64         // the host's CPU busy during the burst, 0..1
 	layer     *api.LayerCacheStats
 }
 
 func (r *result) String() string {
-	s := fmt.Sprintf("burst %s, first exec p50 %s p99 %s, task p50 %s, received %s, written %s, cache on disk %s",
-		dur(r.burst), dur(pct(r.first, 50)), dur(pct(r.first, 99)), dur(pct(r.task, 50)), mb(r.received), mb(r.written), mb(r.cacheDisk))
+	s := fmt.Sprintf("burst %s (host CPU %.0f%% busy, link %.0f MB/s), first exec p50 %s p99 %s, task p50 %s, received %s, written %s, cache on disk %s",
+		dur(r.burst), 100*r.cpuBusy, float64(r.received)/1e6/r.burst.Seconds(), dur(pct(r.first, 50)), dur(pct(r.first, 99)), dur(pct(r.task, 50)), mb(r.received), mb(r.written), mb(r.cacheDisk))
 	if r.layer != nil {
 		s += fmt.Sprintf(" (chunk cache: %d fetches, mean %s, %d hits, %d misses)", r.layer.Fetches,
 			dur(time.Duration(r.layer.FetchMs)*time.Millisecond/time.Duration(max(r.layer.Fetches, 1))), r.layer.Hits, r.layer.Misses)
@@ -58,6 +59,10 @@ func burst(ctx context.Context, cfg config, d *benchup.Daemon, dataDir string, s
 		return nil, err
 	}
 	out := &result{first: make([]time.Duration, cfg.n), task: make([]time.Duration, cfg.n)}
+	busy0, total0, err := cpuTimes()
+	if err != nil {
+		return nil, err
+	}
 	errs := make(chan error, cfg.n)
 	sem := make(chan struct{}, cfg.conc)
 	var wg sync.WaitGroup
@@ -109,6 +114,9 @@ func burst(ctx context.Context, cfg config, d *benchup.Daemon, dataDir string, s
 	}
 	wg.Wait()
 	out.burst = time.Since(start)
+	if busy1, total1, err := cpuTimes(); err == nil && total1 > total0 {
+		out.cpuBusy = float64(busy1-busy0) / float64(total1-total0)
+	}
 	close(errs)
 	if err := <-errs; err != nil {
 		return nil, err
@@ -150,6 +158,31 @@ func agentWrites(d *benchup.Daemon, dataDir string) (int64, error) {
 		n += m
 	}
 	return n, nil
+}
+
+// cpuTimes returns the host's busy and total CPU time so far, in clock
+// ticks (/proc/stat: idle and iowait are not busy).
+func cpuTimes() (busy, total int64, err error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	if len(f) < 6 || f[0] != "cpu" {
+		return 0, 0, fmt.Errorf("/proc/stat: %q", line)
+	}
+	for i, v := range f[1:] {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return 0, 0, fmt.Errorf("/proc/stat: %q", line)
+		}
+		total += n
+		if i != 3 && i != 4 { // idle, iowait
+			busy += n
+		}
+	}
+	return busy, total, nil
 }
 
 // writeBytes is the bytes process pid has caused to be written to disk

@@ -31,9 +31,12 @@
 // Chosen over the kernel's other paths on these hosts: EROFS's own
 // on-demand mode (fscache, EROFS_FS_ONDEMAND) and ublk are not built into
 // the kernel here; a FUSE file under file-backed EROFS needs nothing but
-// fuse and erofs, and the kernel's page cache of the FUSE file absorbs
-// repeated reads (the file never changes: its pages are kept across
-// opens).
+// fuse and erofs. The file is opened for direct I/O: EROFS keeps the
+// pages it reads in its own page cache (a node mounts each layer once),
+// so a second copy in the FUSE file's would only take memory, and the
+// kernel's readahead on it would read past the end of the EROFS file
+// being read, into bytes no one asked for (bench/lazy: 8% of what a
+// burst fetched). EROFS's own readahead stops at its files' ends.
 package lazy
 
 import (
@@ -112,14 +115,16 @@ func WithTraceWindow(d time.Duration) MountOption {
 func WithLogger(l *slog.Logger) MountOption { return func(f *FS) { f.log = l } }
 
 // readAhead bounds how many bytes past a read are fetched with it when
-// the reads of a file go forward piece after piece (a sequential read, as
-// the kernel's own readahead decides): the window starts at 64 KiB and
-// doubles with each read in a row that goes on from the last, as the
-// kernel's own readahead does, up to 512 KiB. It is all fetched for
-// nothing past the end of a file read whole (the image's next bytes
-// belong to other files): with a 2 MiB window, bench/lazy's tasks fetched
-// 1.5x the bytes of the files they read. Random reads fetch only what
-// they read: a task reads 5-10% of its image.
+// the reads of a file go forward piece after piece (a sequential read):
+// the window starts at 64 KiB and doubles with each read in a row that
+// goes on from the last, as the kernel's own readahead does, up to
+// 512 KiB. It stops at the end of the file being read, by the manifest's
+// extents: past it, the image's next bytes belong to other files (with
+// an unbounded 2 MiB window, bench/lazy's tasks fetched 1.5x the bytes of
+// the files they read). Where the manifest lists extents, a read outside
+// them (a small file, EROFS's metadata) reads nothing ahead: small files
+// next to each other in the image are rarely read together. Random reads
+// fetch only what they read: a task reads 5-10% of its image.
 const readAhead = 512 << 10
 
 // Mount mounts an empty lazy filesystem on dir (made if missing), its
@@ -143,7 +148,7 @@ func Mount(dir string, cache *Cache, options ...MountOption) (*FS, error) {
 			FsName:        "warren-lazy",
 			Name:          "warren",
 			DirectMount:   true,
-			MaxReadAhead:  128 << 10, // the kernel's readahead on a layer file; ours grows past it (readAhead)
+			MaxReadAhead:  128 << 10, // only EROFS's metadata reads go through the page cache (Open: direct I/O)
 			MaxWrite:      1 << 20,   // also the largest read the kernel asks for
 			MaxBackground: 64,
 			DisableXAttrs: true,
@@ -383,8 +388,10 @@ func (l *layerFile) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint
 	if flags&(syscall.O_WRONLY|syscall.O_RDWR) != 0 {
 		return nil, 0, syscall.EROFS
 	}
-	// The file never changes: the kernel keeps its pages across opens.
-	return nil, fuse.FOPEN_KEEP_CACHE, 0
+	// Direct I/O: every read reaches Read as EROFS asked for it, not
+	// widened by the kernel's readahead on this file (see the package
+	// documentation).
+	return nil, fuse.FOPEN_DIRECT_IO, 0
 }
 
 func (l *layerFile) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
@@ -415,7 +422,7 @@ func (l *layerFile) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off
 	prev := l.last.Swap(int64(end - 1))
 	if prevFile := l.lastFile.Swap(file); (prev+1 != int64(first) && prev != int64(first)) || prevFile != file {
 		l.streak.Store(0)
-	} else if streak := l.streak.Add(1); !l.fs.cache.Has(l.pieces[first].Digest) {
+	} else if streak := l.streak.Add(1); (inExt || len(l.extents) == 0) && !l.fs.cache.Has(l.pieces[first].Digest) {
 		window := int64(readAhead) >> max(0, 4-streak) // 64 KiB, 128 KiB, 256 KiB, 512 KiB
 		limit := off + n + window
 		if inExt {

@@ -157,8 +157,8 @@ func testTraceRecordReplay(t *testing.T, blockSize int64) {
 		t.Errorf("the layer's share: %+v, want %d bytes prefetched", st.Layers, wantBytes)
 	}
 	readPieces(t, l, path, order...)
-	if st := o.fs.Stats(); st.Misses != 0 || st.Hits != int64(len(want.Pieces)) || st.Fetched != wantBytes {
-		t.Errorf("the traced reads after the replay: %+v; want %d hits, no miss, nothing more fetched", st.Counts, len(want.Pieces))
+	if st := o.fs.Stats(); st.Misses != 0 || st.Hits < int64(len(want.Pieces)) || st.Fetched != wantBytes {
+		t.Errorf("the traced reads after the replay: %+v; want %d hits or more, no miss, nothing more fetched", st.Counts, len(want.Pieces))
 	}
 	// A layer added with a trace is not traced again.
 	time.Sleep(500 * time.Millisecond)
