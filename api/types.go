@@ -63,6 +63,16 @@ type Resources struct {
 	DiskInodes int64 `json:"disk_inodes,omitempty"`
 }
 
+// QoS classes (CreateSandboxRequest.QoS). Best-effort work yields the CPU
+// to latency work: every process of a best-effort sandbox, including ones
+// exec'd later, runs under SCHED_IDLE, in an idle cgroup (internal/qos).
+// Under memory pressure a node pauses or evicts best-effort sandboxes
+// first, never latency ones.
+const (
+	QoSLatency    = "latency"
+	QoSBestEffort = "best-effort"
+)
+
 // CreateSandboxRequest is the body of POST /v1/sandboxes. Exactly one of
 // Image and Layers says what the sandbox's root is made of.
 type CreateSandboxRequest struct {
@@ -72,8 +82,11 @@ type CreateSandboxRequest struct {
 	Image string `json:"image,omitempty"`
 	// Layers is an explicit stack of layer refs ("name@version" or "name"
 	// for the latest), bottom first, used instead of an environment.
-	Layers      []string          `json:"layers,omitempty"`
-	Resources   Resources         `json:"resources,omitempty"`
+	Layers    []string  `json:"layers,omitempty"`
+	Resources Resources `json:"resources,omitempty"`
+	// QoS is the sandbox's class: QoSLatency (the default) or
+	// QoSBestEffort.
+	QoS         string            `json:"qos,omitempty"`
 	Env         map[string]string `json:"env,omitempty"`
 	Labels      map[string]string `json:"labels,omitempty"`
 	TTL         Duration          `json:"ttl,omitempty"`          // lifetime; 0 = server default
@@ -173,6 +186,7 @@ type Sandbox struct {
 	State     string            `json:"state"`
 	Reason    string            `json:"reason,omitempty"` // why failed or lost
 	Resources Resources         `json:"resources"`
+	QoS       string            `json:"qos,omitempty"` // QoSLatency or QoSBestEffort
 	Env       map[string]string `json:"env,omitempty"`
 	Labels    map[string]string `json:"labels,omitempty"`
 	// Build: a build sandbox. Tokens below builder get 404 for it, as
@@ -558,6 +572,57 @@ type Node struct {
 	// here: anonymous memory to swap (how much), or file pages only
 	// (no swap). Empty where no backend pauses.
 	PauseReclaim string `json:"pause_reclaim,omitempty"`
+	// QoS counts the node's sandboxes by QoS class and says how it runs
+	// best-effort ones.
+	QoS *NodeQoS `json:"qos,omitempty"`
+	// InUse is what the node's sandboxes really use, as it measures it
+	// (Usage is what they asked for): the node admits by both, and
+	// placement ranks nodes by it.
+	InUse *NodeInUse `json:"in_use,omitempty"`
+}
+
+// NodeInUse is Node.InUse.
+type NodeInUse struct {
+	// CPU is the cores the node's work keeps busy outside the
+	// best-effort class, CPUBestEffort inside it: averages over the last
+	// ~10 s. CPUUnmeasured says why they are not measured, if they are
+	// not (then both are 0).
+	CPU           float64 `json:"cpu"`
+	CPUBestEffort float64 `json:"cpu_best_effort"`
+	CPUUnmeasured string  `json:"cpu_unmeasured,omitempty"`
+	Cores         float64 `json:"cores"` // the host's
+	// Memory is the host's memory in use (MemTotal - MemAvailable) and
+	// MemoryTotal all of it; MemoryLimit is what creates may bring the
+	// memory in use to (MemoryTotal less the node's reserve for the host
+	// and its agent); Swap the host's swap (0: none).
+	Memory      Quantity `json:"memory"`
+	MemoryTotal Quantity `json:"memory_total"`
+	MemoryLimit Quantity `json:"memory_limit"`
+	Swap        Quantity `json:"swap"`
+	// Overcommit is the ratios that bound what requests may add up to
+	// (Capacity): CPU x Cores, Memory x the host's memory less the
+	// reserve, plus swap.
+	Overcommit NodeOvercommit `json:"overcommit"`
+}
+
+// NodeOvercommit is NodeInUse.Overcommit.
+type NodeOvercommit struct {
+	CPU    float64 `json:"cpu"`
+	Memory float64 `json:"memory"`
+}
+
+// NodeQoS is Node.QoS.
+type NodeQoS struct {
+	Latency    int `json:"latency"`
+	BestEffort int `json:"best_effort"`
+	// Group is how a best-effort sandbox's cgroup yields the CPU to
+	// others: "cpu.idle" (an idle group), else the least "cpu.shares"
+	// (v1) or "cpu.weight" (v2).
+	Group string `json:"group"`
+	// CoreScheduling is "on" where best-effort sandboxes get core
+	// scheduling cookies of their own (never sharing an SMT core with
+	// latency work), else why not.
+	CoreScheduling string `json:"core_scheduling"`
 }
 
 // NodeMachine is one entry of Node.Machines.

@@ -61,7 +61,7 @@
 #define REQ_FD 3
 #define PIDFD 4
 #define STATUS_FD 5
-#define MAGIC 0x324e4557u // "WEN2": the request format's version
+#define MAGIC 0x334e4557u // "WEN3": the request format's version
 #define MAX_FILTERS 8
 
 #ifndef CLOSE_RANGE_CLOEXEC
@@ -154,6 +154,8 @@ struct request {
 	uint64_t landlock_handled, landlock_allowed; // 0: no Landlock
 	uint64_t userns; // the sandbox has a user namespace of its own to join
 	char *apparmor;  // the AppArmor profile to exec under; "": none
+	uint64_t sched_idle; // run under SCHED_IDLE (a best-effort sandbox)
+	uint64_t core_share; // share the sandbox init's core scheduling cookie
 };
 
 static void read_request(struct request *q) {
@@ -213,6 +215,8 @@ static void read_request(struct request *q) {
 	q->landlock_allowed = get_u64(&r);
 	q->userns = get_u64(&r);
 	q->apparmor = get_str(&r);
+	q->sched_idle = get_u64(&r);
+	q->core_share = get_u64(&r);
 	if (!q->argv[0] || !q->argv[0][0] || r.left)
 		bad_request();
 }
@@ -230,8 +234,8 @@ static void fail(int stage, int err) {
 	_exit(127);
 }
 
-enum { S_CGROUP = 1, S_APPARMOR, S_GROUPS, S_GID, S_UID, S_RLIMIT, S_CWD, S_CAPS, S_NNP, S_LANDLOCK, S_SECCOMP, S_EXEC };
-static const char *stages[] = {"", "cgroup", "apparmor", "groups", "gid", "uid", "rlimit", "cwd", "caps", "nnp", "landlock", "seccomp", "exec"};
+enum { S_CGROUP = 1, S_APPARMOR, S_GROUPS, S_GID, S_UID, S_RLIMIT, S_CWD, S_CAPS, S_NNP, S_LANDLOCK, S_SECCOMP, S_EXEC, S_SCHED };
+static const char *stages[] = {"", "cgroup", "apparmor", "groups", "gid", "uid", "rlimit", "cwd", "caps", "nnp", "landlock", "seccomp", "exec", "sched"};
 
 #define CHECK(call, stage)                                                                         \
 	do {                                                                                       \
@@ -357,6 +361,17 @@ static void child(struct request *q) {
 		CHECK(write(q->cgroups[i], "0", 1), S_CGROUP);
 	if (q->apparmor[0])
 		apparmor(q->apparmor);
+	// A best-effort sandbox's command runs under SCHED_IDLE, as its init
+	// does (internal/qos); what it forks inherits it, and with RLIMIT_NICE
+	// 0 and no CAP_SYS_NICE nothing in it can leave. Where the host has
+	// core scheduling, it shares its init's cookie (pid 1 in the pid
+	// namespace it is in), so it never shares a core with latency work.
+	if (q->sched_idle) {
+		struct sched_param sp = {0};
+		CHECK(sched_setscheduler(0, SCHED_IDLE, &sp), S_SCHED);
+	}
+	if (q->core_share)
+		CHECK(prctl(62 /* PR_SCHED_CORE */, 3 /* PR_SCHED_CORE_SHARE_FROM */, 1, 0 /* PIDTYPE_PID */, 0), S_SCHED);
 
 	// Rlimits while still root: raising a hard limit needs
 	// CAP_SYS_RESOURCE.

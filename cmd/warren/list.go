@@ -65,7 +65,7 @@ func newNodeLsCmd(a *app) *cobra.Command {
 				}
 				return writeJSON(a.stdout, api.NodeList{Nodes: nodes})
 			}
-			tw := newTable(a.stdout, "ID", "POOL", "HEALTHY", "ADDRESS", "BACKENDS", "LAYERS", "CPU", "MEMORY", "SANDBOXES", "DISK-QUOTA", "NETWORK", "SECURITY", "SNAPSHOTS", "PROBLEMS")
+			tw := newTable(a.stdout, "ID", "POOL", "HEALTHY", "ADDRESS", "BACKENDS", "LAYERS", "CPU", "MEMORY", "IN-USE", "SANDBOXES", "QOS", "DISK-QUOTA", "NETWORK", "SECURITY", "SNAPSHOTS", "PROBLEMS")
 			for _, n := range nodes {
 				health := "yes"
 				if !n.Healthy {
@@ -82,7 +82,7 @@ func newNodeLsCmd(a *app) *cobra.Command {
 				row(tw, n.ID, pool, health, orDash(n.Address), orDash(backendSummary(n)), orDash(n.LayerLoading),
 					num(n.Usage.CPU)+"/"+num(n.Capacity.CPU),
 					memHuman(n.Usage.Memory)+"/"+memHuman(n.Capacity.Memory),
-					sandboxCount(n),
+					inUseSummary(n.InUse), sandboxCount(n), qosSummary(n.QoS),
 					orDash(n.DiskQuota), network, securitySummary(n.Security), snapshotKinds(n.Snapshots),
 					orDash(strings.Join(n.Problems, "; ")))
 			}
@@ -91,6 +91,33 @@ func newNodeLsCmd(a *app) *cobra.Command {
 	}
 	c.Flags().StringVarP(&output, "output", "o", "", "output: table (default) or json")
 	return c
+}
+
+// inUseSummary is what the node measures its sandboxes using, against
+// what it lets them have: "cpu:0.42+1.1be/2,mem:3.1G/21.8G" (best-effort
+// cores apart; "cpu:?" when not measured).
+func inUseSummary(u *api.NodeInUse) string {
+	if u == nil {
+		return "-"
+	}
+	cpu := "cpu:?"
+	if u.CPUUnmeasured == "" {
+		cpu = "cpu:" + num(u.CPU)
+		if u.CPUBestEffort > 0 {
+			cpu += "+" + num(u.CPUBestEffort) + "be"
+		}
+		cpu += "/" + num(u.Cores)
+	}
+	return cpu + ",mem:" + fmtBytes(int64(u.Memory)) + "/" + fmtBytes(int64(u.MemoryLimit))
+}
+
+// qosSummary says how many of the node's sandboxes are best-effort and
+// how their cgroups yield: "be:2,cpu.idle".
+func qosSummary(q *api.NodeQoS) string {
+	if q == nil {
+		return "-"
+	}
+	return fmt.Sprintf("be:%d,%s", q.BestEffort, q.Group)
 }
 
 // backendSummary lists the node's backends, each with the runtimes it

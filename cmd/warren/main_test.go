@@ -303,11 +303,13 @@ func TestImageAndNodeLs(t *testing.T) {
 	}
 	lines := strings.Split(r.stdout, "\n")
 	head, row := strings.Fields(lines[0]), strings.Fields(lines[1])
-	if len(head) != 14 || head[5] != "LAYERS" || head[9] != "DISK-QUOTA" || head[10] != "NETWORK" || head[11] != "SECURITY" || head[12] != "SNAPSHOTS" || head[13] != "PROBLEMS" || len(row) < 13 ||
+	if len(head) != 16 || head[5] != "LAYERS" || head[8] != "IN-USE" || head[10] != "QOS" || head[11] != "DISK-QUOTA" || head[12] != "NETWORK" || head[13] != "SECURITY" || head[14] != "SNAPSHOTS" || head[15] != "PROBLEMS" || len(row) < 15 ||
 		!slices.Contains([]string{"-", "eager", "lazy"}, row[5]) ||
-		!slices.Contains([]string{"-", "none", "btrfs", "xfs", "ext4"}, row[9]) || !slices.Contains([]string{"yes", "no"}, row[10]) || row[11] != "-" && !strings.HasPrefix(row[11], "6-measures,landlock:") ||
-		!slices.Contains([]string{"-", "filesystem"}, row[12]) {
-		t.Errorf("node ls: header %q, row %q; want LAYERS after BACKENDS, and DISK-QUOTA, NETWORK, SECURITY and SNAPSHOTS columns before PROBLEMS", head, row)
+		row[8] != "-" && !strings.HasPrefix(row[8], "cpu:") ||
+		row[10] != "-" && !strings.HasPrefix(row[10], "be:") ||
+		!slices.Contains([]string{"-", "none", "btrfs", "xfs", "ext4"}, row[11]) || !slices.Contains([]string{"yes", "no"}, row[12]) || row[13] != "-" && !strings.HasPrefix(row[13], "6-measures,landlock:") ||
+		!slices.Contains([]string{"-", "filesystem"}, row[14]) {
+		t.Errorf("node ls: header %q, row %q; want LAYERS after BACKENDS, IN-USE and QOS, and DISK-QUOTA, NETWORK, SECURITY and SNAPSHOTS columns before PROBLEMS", head, row)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/daemon"
+	"github.com/warrenhq/warren/internal/node"
 	"github.com/warrenhq/warren/internal/placement"
 	"github.com/warrenhq/warren/internal/swap"
 )
@@ -168,7 +169,7 @@ s3://bucket/prefix?endpoint=host:port (see "warren apiserver --help").`,
 	fnFlags(f, &cfg.Fn)
 	f.StringArrayVar(&labels, "label", nil, "node label key=value (repeatable)")
 	f.StringVar(&cfg.Blobs, "blobs", "", "blob store shared with the apiservers: a directory or s3://bucket/prefix?endpoint=host:port (default <data-dir>/blobs)")
-	f.IntVar(&cfg.Limits.Sandboxes, "max-sandboxes", 0, "sandboxes this node admits (0: 1000)")
+	limitFlags(f, &cfg.Limits)
 	swapFlag(f, &cfg.Swap)
 	quantityVar(f, &cfg.DefaultDisk, "default-disk", "writable layer limit of a sandbox that asks for none, e.g. 10Gi (0: none; needs a data dir on btrfs, or xfs or ext4 with project quotas)")
 	f.StringVar(&cfg.Backend, "backend", "container", "sandbox backend: container")
@@ -217,4 +218,13 @@ func swapFlag(f *pflag.FlagSet, size *int64) {
 		*size = n
 		return err
 	})
+}
+
+// limitFlags are what a node admits (node.Limits), for warren up and
+// warren agent alike.
+func limitFlags(f *pflag.FlagSet, l *node.Limits) {
+	f.IntVar(&l.Sandboxes, "max-sandboxes", 0, "sandboxes this node admits (0: one per 2Mi of the host's memory)")
+	f.Float64Var(&l.CPUOvercommit, "cpu-overcommit", 0, "CPU requests may add up to this many times the node's cores (0: 50); latency creates are refused when its cores are 90% busy outside the best-effort class")
+	f.Float64Var(&l.MemoryOvercommit, "memory-overcommit", 0, "memory requests may add up to this many times the host's memory less the reserve, plus swap (0: 4); creates are refused when the memory in use would pass the host's less the reserve")
+	quantityVar(f, &l.Reserve, "memory-reserve", "memory kept for the host and the agent, e.g. 2Gi (0: 5% of the host's, at least 1Gi); past it best-effort sandboxes are paused, then evicted")
 }

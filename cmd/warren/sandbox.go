@@ -156,6 +156,7 @@ value) and, when its value has an "@" and no "=", the environment to start from.
 	f.StringVar(&req.Project, "project", "", "project to create it in and count it against (default: the token's own)")
 	f.StringVar(&req.IdempotencyKey, "idempotency-key", "", "retrying with the same key returns the same sandbox instead of a second one")
 	f.Float64Var(&req.Resources.CPU, "cpu", 0, "CPU cores, e.g. 0.5 (server default when 0)")
+	f.StringVar(&req.QoS, "qos", "", "QoS class: latency (default) or best-effort (runs under SCHED_IDLE, yielding the CPU to latency work; paused or evicted first under memory pressure)")
 	f.StringVar(&memory, "memory", "", "memory limit, e.g. 256Mi or 1G")
 	f.Int64Var(&req.Resources.PIDs, "pids", 0, "process and thread limit")
 	f.StringVar(&disk, "disk", "", "writable layer limit, e.g. 10Gi (node default when empty; refused where the node cannot enforce it)")

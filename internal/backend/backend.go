@@ -61,6 +61,11 @@ type Spec struct {
 	// runs the sandbox; "" is its default. Persisted with the spec, so
 	// Recover re-adopts the sandbox under the runtime that created it.
 	Runtime string `json:",omitempty"`
+	// BestEffort puts the sandbox in the best-effort QoS class: all its
+	// processes, including ones started later, under SCHED_IDLE, its
+	// cgroup an idle group (internal/qos). Backends that cannot refuse
+	// it (QoS false in Capabilities).
+	BestEffort bool `json:",omitempty"`
 }
 
 // State of a sandbox as the backend sees it.
@@ -93,6 +98,7 @@ type Capabilities struct {
 	Recover  bool // sandboxes survive an agent restart
 	Pause    bool
 	Snapshot bool
+	QoS      bool // runs Spec.BestEffort sandboxes as best-effort
 }
 
 // DiskQuota says whether and how a backend limits a sandbox's writable

@@ -211,6 +211,7 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 		Layers:         cache,
 		Packer:         cache,
 		Limits:         cfg.Limits,
+		Cgroup:         "/warren/" + nodeID,
 		Pool:           cfg.Pool,
 		Labels:         cfg.Labels,
 		Defaults:       node.Defaults{Disk: cfg.DefaultDisk},

@@ -139,6 +139,7 @@ func Up(ctx context.Context, cfg UpConfig) error {
 		Layers:         cache,
 		Packer:         cache,
 		Limits:         cfg.Limits,
+		Cgroup:         "/warren/" + nodeID,
 		Defaults:       node.Defaults{Disk: cfg.DefaultDisk},
 		Network:        network,
 		NetworkProblem: netProblem,

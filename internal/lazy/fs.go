@@ -8,7 +8,7 @@
 // lazyd`: see server.go), so sandboxes read on while the agent restarts.
 // A read of the file is served from the node's cache (Cache), which
 // fetches each piece the first time anyone reads it from the blob store,
-// verified against its digest: a 64 KiB block of a chunk, by a ranged
+// verified against its digest: a 32 KiB block of a chunk, by a ranged
 // read (adjacent blocks missed together by one), when the layer's
 // manifest lists block digests; else the whole chunk. Only the manifest
 // must be local before the mount; a task that reads 5% of its image

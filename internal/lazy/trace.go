@@ -41,9 +41,9 @@ const TraceSchema = "warren.trace.v1"
 const DefaultTraceWindow = 30 * time.Second
 
 const (
-	// maxTracePieces bounds a trace: 512 MiB of 64 KiB blocks.
-	maxTracePieces = 8192
-	// MaxTraceBytes bounds a trace blob (8192 indices take under 64 KiB).
+	// maxTracePieces bounds a trace: 512 MiB of 32 KiB blocks.
+	maxTracePieces = 16384
+	// MaxTraceBytes bounds a trace blob (16384 indices take under 128 KiB).
 	MaxTraceBytes = 1 << 20
 	// maxReadyTraces bounds the traces kept for the agent to collect;
 	// the oldest go first.

@@ -16,6 +16,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -30,6 +31,7 @@ import (
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/guard"
+	"github.com/warrenhq/warren/internal/qos"
 	"github.com/warrenhq/warren/internal/swap"
 )
 
@@ -57,11 +59,41 @@ type TracedLayers interface {
 	FetchTraced(ctx context.Context, digest, trace string) (backend.Layer, error)
 }
 
-// Limits bound what the node admits. Zero fields take defaults from the host.
+// Limits bound what the node admits (admit). Zero fields take defaults
+// from the host. A create must fit both what sandboxes ask for, within
+// the overcommit ratios, and what they really use (use.go), within the
+// host's limits less a reserve for the host and the agent.
 type Limits struct {
-	CPU       float64 // cores that requests may add up to (after overcommit)
-	Memory    int64   // bytes that memory limits may add up to
-	Sandboxes int     // live sandboxes
+	// Cores is the host's CPUs (default: all of them); no sandbox may ask
+	// for more.
+	Cores float64
+	// CPUOvercommit and MemoryOvercommit bound what requests may add up
+	// to: CPU to CPUOvercommit x Cores (default 50: ~90% of agent
+	// sandboxes use 5% or less of what they ask for), memory to
+	// MemoryOvercommit x (the host's memory - Reserve + swap, counted only
+	// where there is swap) (default 4: sandboxes must keep what they
+	// touch, so memory is overcommitted less).
+	CPUOvercommit    float64
+	MemoryOvercommit float64
+	CPU              float64 // cores requests may add up to (default CPUOvercommit x Cores)
+	Memory           int64   // bytes memory limits may add up to (default as above)
+	// Reserve is memory kept for the host and the agent (default 5% of
+	// the host's, at least 1 GiB): a create is refused once the memory in
+	// use (and swap in use), plus what recent creates may still grow
+	// into, would pass the host's memory - Reserve (+ swap).
+	Reserve int64
+	// CreateGrowth is what a new sandbox is expected to grow into in its
+	// first 30 s, held against the memory in use until its own use shows
+	// (default 32 MiB, at most its memory limit).
+	CreateGrowth int64
+	// CPUBusy is the fraction of Cores that the node's work outside the
+	// best-effort class may keep busy before latency creates are refused
+	// (default 0.9). Best-effort creates are not refused for CPU: their
+	// work yields to the rest.
+	CPUBusy float64
+	// Sandboxes caps live sandboxes (default one per 2 MiB of the host's
+	// memory: 12,288 at 24 GiB).
+	Sandboxes int
 	// CreatesInFlight caps concurrent creates; more wait-free get 429.
 	CreatesInFlight int
 }
@@ -105,6 +137,11 @@ type Config struct {
 	// SpoolDir holds buffered exec output past its in-memory threshold,
 	// unlinked while open (default: "spool" next to StateDir).
 	SpoolDir string
+	// Cgroup is the cgroup path that holds all the node's sandboxes (and
+	// its FnCall pools and layer server), "/warren/<node>": the node
+	// measures their CPU use there (use.go). Empty: no CPU measure, and
+	// admission by requests and memory only.
+	Cgroup string
 	// ReapInterval is how often TTLs and idle timeouts are checked.
 	ReapInterval time.Duration
 	Log          *slog.Logger
@@ -121,6 +158,8 @@ type Agent struct {
 	snapshots *api.NodeSnapshots // snapshot.go
 	pauses    bool               // a backend pauses (pause.go)
 	log       *slog.Logger
+	meter     meter // what the node really uses (use.go)
+	memTotal  int64 // the host's memory
 
 	mu        sync.Mutex
 	sandboxes map[string]*sandbox
@@ -129,6 +168,9 @@ type Agent struct {
 	shuttingDown bool
 	reserved     usage               // resources of live sandboxes and creates in flight
 	paused       int                 // sandboxes paused (pause.go)
+	bestEffort   int                 // sandboxes of QoS class best-effort
+	qos          qos.Support         // how best-effort sandboxes run here (fixed at New)
+	recent       recentCreates       // memory recent creates may still grow into (use.go)
 	journals     map[string]*journal // journal.go
 	changes      changeLog           // what Changes tells (changes.go); its tombstones under mu
 	graves       graves              // why recently ended sandboxes ended (reaper.go)
@@ -186,8 +228,11 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		journals:  map[string]*journal{},
 		changes:   newChangeLog(),
 		stop:      make(chan struct{}),
+		meter:     meter{cgroup: cfg.Cgroup},
 	}
 	a.closing, a.close = context.WithCancel(context.Background())
+	a.meter.sample(time.Now()) // memory figures before the first create
+	a.memTotal = a.meter.mem.Total
 	for _, b := range cfg.Backends {
 		if err := b.Available(ctx); err != nil {
 			// A missing host feature disables one backend, not the node.
@@ -206,6 +251,7 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 		a.problems = append(a.problems, "network: "+cfg.NetworkProblem)
 	}
 	a.security = nodeSecurity(a.backends)
+	a.qos = qos.Probe()
 	a.snapshots = nodeSnapshots(ctx, a.backends) // snapshot.go
 	for _, b := range a.backends {
 		_, p := b.(backend.Pauser)
@@ -235,16 +281,36 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 func (a *Agent) SpoolDir() string { return a.cfg.SpoolDir }
 
 func (l Limits) withDefaults() Limits {
+	mem, _ := readMemInfo()
+	if mem.Total == 0 {
+		mem.Total = 1 << 30
+	}
+	if l.Cores == 0 {
+		l.Cores = float64(runtime.NumCPU())
+	}
+	if l.CPUOvercommit == 0 {
+		l.CPUOvercommit = 50
+	}
+	if l.MemoryOvercommit == 0 {
+		l.MemoryOvercommit = 4
+	}
+	if l.Reserve == 0 {
+		l.Reserve = max(1<<30, mem.Total/20)
+	}
 	if l.CPU == 0 {
-		// Sandboxes mostly idle (~90% use <=5% of their request), so the
-		// node admits requests up to 4x its cores by default.
-		l.CPU = 4 * float64(runtime.NumCPU())
+		l.CPU = l.CPUOvercommit * l.Cores
 	}
 	if l.Memory == 0 {
-		l.Memory = int64(float64(hostMemory()) * 0.9)
+		l.Memory = int64(l.MemoryOvercommit * float64(max(mem.Total-l.Reserve, 0)+mem.SwapTotal))
+	}
+	if l.CreateGrowth == 0 {
+		l.CreateGrowth = 32 << 20
+	}
+	if l.CPUBusy == 0 {
+		l.CPUBusy = 0.9
 	}
 	if l.Sandboxes == 0 {
-		l.Sandboxes = 1000
+		l.Sandboxes = int(min(max(mem.Total/(2<<20), 100), 1<<20))
 	}
 	if l.CreatesInFlight == 0 {
 		l.CreatesInFlight = 64
@@ -277,21 +343,6 @@ func (d Defaults) withDefaults() Defaults {
 	return d
 }
 
-// hostMemory reads MemTotal, in bytes.
-func hostMemory() int64 {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 1 << 30
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		var kb int64
-		if _, err := fmt.Sscanf(line, "MemTotal: %d kB", &kb); err == nil {
-			return kb << 10
-		}
-	}
-	return 1 << 30
-}
-
 // ID returns the node's id.
 func (a *Agent) ID() string { return a.cfg.ID }
 
@@ -314,8 +365,9 @@ func (a *Agent) Start(ctx context.Context) error {
 	if n := a.reap(time.Now()); n > 0 {
 		a.log.Info("ended sandboxes whose ttl expired while the agent was down", "count", n)
 	}
-	a.wg.Add(1)
+	a.wg.Add(2)
 	go a.reapLoop()
+	go a.useLoop() // use.go
 	return nil
 }
 
@@ -357,7 +409,7 @@ func (a *Agent) Status() api.Node {
 			Sandboxes: a.cfg.Limits.Sandboxes,
 		},
 		Usage: api.Capacity{
-			CPU:       a.reserved.cpu,
+			CPU:       math.Round(a.reserved.cpu*1e6) / 1e6, // not a float sum's noise
 			Memory:    api.Quantity(a.reserved.memory),
 			Sandboxes: a.reserved.sandboxes,
 			Paused:    a.paused,
@@ -370,6 +422,13 @@ func (a *Agent) Status() api.Node {
 		Security:  a.security,
 		Snapshots: a.snapshots,
 		Runtimes:  slices.Clone(a.runtimes),
+		InUse:     a.inUse(),
+		QoS: &api.NodeQoS{
+			Latency:        len(a.sandboxes) - a.bestEffort,
+			BestEffort:     a.bestEffort,
+			Group:          a.qos.Group,
+			CoreScheduling: a.qos.CoreScheduling,
+		},
 	}
 	n.PauseReclaim = reclaim
 	if l, ok := a.cfg.Layers.(interface {

@@ -143,6 +143,9 @@ func (a *Agent) end(ctx context.Context, s *sandbox, why func(*sandbox) string) 
 		if s.heldPaused {
 			a.paused--
 		}
+		if s.spec.BestEffort {
+			a.bestEffort--
+		}
 	}
 	a.mu.Unlock()
 	a.log.Info("sandbox deleted", "sandbox", id, "reason", reason)

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -92,6 +93,13 @@ func (a *Agent) validate(req *api.CreateSandboxRequest) error {
 	case strings.TrimSpace(req.Image) == "" && len(req.Layers) == 0:
 		return errdefs.Invalid("image is required")
 	}
+	switch req.QoS {
+	case "":
+		req.QoS = api.QoSLatency
+	case api.QoSLatency, api.QoSBestEffort:
+	default:
+		return errdefs.Invalid("qos %q: want %s or %s", req.QoS, api.QoSLatency, api.QoSBestEffort)
+	}
 	r := &req.Resources
 	switch {
 	case math.IsNaN(r.CPU) || r.CPU < 0:
@@ -100,16 +108,16 @@ func (a *Agent) validate(req *api.CreateSandboxRequest) error {
 		r.CPU = d.CPU
 	case r.CPU < 0.01:
 		return errdefs.Invalid("resources.cpu %v: at least 0.01 cores", r.CPU)
-	case r.CPU > float64(a.cfg.Limits.CPU):
-		return errdefs.Invalid("resources.cpu %v: more than the node's %v cores", r.CPU, a.cfg.Limits.CPU)
+	case r.CPU > a.cfg.Limits.Cores:
+		return errdefs.Invalid("resources.cpu %v: more than the node's %v cores", r.CPU, a.cfg.Limits.Cores)
 	}
 	switch {
 	case r.Memory == 0:
 		r.Memory = api.Quantity(d.Memory)
 	case r.Memory < 8<<20:
 		return errdefs.Invalid("resources.memory %v: at least 8Mi", r.Memory)
-	case int64(r.Memory) > a.cfg.Limits.Memory:
-		return errdefs.Invalid("resources.memory %v: more than the node's %v", r.Memory, api.Quantity(a.cfg.Limits.Memory))
+	case int64(r.Memory) > min(a.cfg.Limits.Memory, a.memTotal):
+		return errdefs.Invalid("resources.memory %v: more than the node's %v", r.Memory, api.Quantity(min(a.cfg.Limits.Memory, a.memTotal)))
 	}
 	switch {
 	case r.PIDs == 0:
@@ -161,32 +169,54 @@ func (a *Agent) placeable(req *api.CreateSandboxRequest) error {
 	return nil
 }
 
-// admit reserves room for one sandbox or refuses with ErrExhausted.
-func (a *Agent) admit(r api.Resources) error {
+// admit reserves room for one sandbox or refuses with ErrExhausted
+// (429 node_full, saying which limit): what sandboxes ask for must fit the
+// overcommitted capacity (Limits), and what they use must leave the
+// host's reserve alone (use.go): the memory in use, plus what recent
+// creates may still grow into, plus this one's expected growth, within
+// the host's memory less Limits.Reserve (plus swap where there is any);
+// and for a latency sandbox the cores busy outside the best-effort class
+// under Limits.CPUBusy of the node's.
+func (a *Agent) admit(r api.Resources, class string) error {
+	now := time.Now()
+	cpu, _, cpuOK, mem := a.meter.read()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	l := a.cfg.Limits
 	if a.shuttingDown {
 		return errdefs.Unavailable("node %s is shutting down and ending its sandboxes", a.cfg.ID)
 	}
+	a.recent.expire(now)
+	grow := min(int64(r.Memory), l.CreateGrowth)
+	inUse := mem.used() + mem.SwapTotal - mem.SwapFree
 	var why string
 	switch {
 	case a.inflight >= l.CreatesInFlight:
 		why = fmt.Sprintf("%d creates in flight", a.inflight)
 	case a.reserved.sandboxes+1 > l.Sandboxes:
 		why = fmt.Sprintf("%d sandboxes, the node's limit", a.reserved.sandboxes)
-	case a.reserved.cpu+r.CPU > l.CPU:
-		why = fmt.Sprintf("cpu %.2f of %.2f cores reserved", a.reserved.cpu, l.CPU)
+	case a.reserved.cpu+r.CPU > l.CPU+1e-9:
+		why = fmt.Sprintf("cpu %s of %s cores reserved (%gx overcommit)", fmtCores(a.reserved.cpu), fmtCores(l.CPU), l.CPUOvercommit)
 	case a.reserved.memory+int64(r.Memory) > l.Memory:
 		why = fmt.Sprintf("memory %v of %v reserved", api.Quantity(a.reserved.memory), api.Quantity(l.Memory))
+	case mem.Total > 0 && inUse+a.recent.total+grow > mem.Total-l.Reserve+mem.SwapTotal:
+		why = fmt.Sprintf("memory in use %v, %v held for recent creates, of %v (the host's less a reserve of %v)",
+			api.Quantity(inUse), api.Quantity(a.recent.total), api.Quantity(mem.Total-l.Reserve+mem.SwapTotal), api.Quantity(l.Reserve))
+	case class != api.QoSBestEffort && cpuOK && cpu > l.CPUBusy*l.Cores:
+		why = fmt.Sprintf("cpu %s of %s cores busy (latency work may keep %g%% busy)", fmtCores(cpu), fmtCores(l.Cores), 100*l.CPUBusy)
 	}
 	if why != "" {
 		return errdefs.Exhausted(api.CodeNodeFull, 2*time.Second, "node %s is full: %s", a.cfg.ID, why)
 	}
 	a.inflight++
 	a.reserved.add(r, 1)
+	a.recent.add(now, grow)
 	return nil
 }
+
+// fmtCores prints a number of cores to two decimals at most ("8",
+// "7.25"), not a float sum's noise ("7.999999999999917").
+func fmtCores(c float64) string { return strconv.FormatFloat(math.Round(c*100)/100, 'f', -1, 64) }
 
 func (u *usage) add(r api.Resources, sign int) {
 	u.cpu += float64(sign) * r.CPU
@@ -229,6 +259,9 @@ func (a *Agent) createFrom(ctx context.Context, req api.CreateSandboxRequest, re
 	if err := a.diskLimits(b, &req.Resources); err != nil {
 		return api.Sandbox{}, err
 	}
+	if req.QoS == api.QoSBestEffort && !b.Capabilities().QoS {
+		return api.Sandbox{}, errdefs.New(errdefs.ErrInvalid, api.CodeNotSupported, "backend %s runs no best-effort sandboxes", b.Name())
+	}
 	if _, ok := b.(backend.NetNSer); !ok && req.Network.Networked() {
 		return api.Sandbox{}, errdefs.New(errdefs.ErrInvalid, api.CodeNotSupported, "backend %s gives sandboxes no network", b.Name())
 	}
@@ -238,7 +271,7 @@ func (a *Agent) createFrom(ctx context.Context, req api.CreateSandboxRequest, re
 	} else if img, err = a.resolve(ctx, req); err != nil {
 		return api.Sandbox{}, err
 	}
-	if err := a.admit(req.Resources); err != nil {
+	if err := a.admit(req.Resources, req.QoS); err != nil {
 		return api.Sandbox{}, err
 	}
 	sb, err := a.create(ctx, b, req, img, specRT)
@@ -314,6 +347,7 @@ func (a *Agent) create(ctx context.Context, b backend.Backend, req api.CreateSan
 		Image:          img.Name,
 		State:          api.StateCreating,
 		Resources:      req.Resources,
+		QoS:            req.QoS,
 		Env:            env,
 		Labels:         req.Labels,
 		Layers:         append([]string(nil), img.Layers...),
@@ -340,7 +374,8 @@ func (a *Agent) create(ctx context.Context, b backend.Backend, req api.CreateSan
 			Disk:       int64(req.Resources.Disk),
 			DiskInodes: req.Resources.DiskInodes,
 		},
-		Runtime: specRuntime,
+		Runtime:    specRuntime,
+		BestEffort: req.QoS == api.QoSBestEffort,
 	}
 	if a.cfg.Network != nil {
 		spec.DNS = []string{a.cfg.Network.DNS()}
@@ -393,6 +428,9 @@ func (a *Agent) create(ctx context.Context, b backend.Backend, req api.CreateSan
 	a.mu.Lock()
 	s.rev = a.changes.next()
 	a.sandboxes[id] = s
+	if spec.BestEffort {
+		a.bestEffort++
+	}
 	a.mu.Unlock()
 	a.watch(s)
 	a.log.Info("sandbox created", "sandbox", id, "image", img.Name, "backend", b.Name(),

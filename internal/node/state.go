@@ -196,6 +196,9 @@ func (a *Agent) keep(b backend.Backend, r record) *sandbox {
 	if s.heldPaused {
 		a.paused++
 	}
+	if s.spec.BestEffort {
+		a.bestEffort++
+	}
 	a.mu.Unlock()
 	return s
 }

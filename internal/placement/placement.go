@@ -465,7 +465,26 @@ func (s *search) feasible(i int) (float64, bool) {
 		return 0, false
 	}
 	u := api.Capacity{CPU: used.CPU + s.res.CPU, Memory: used.Memory + s.res.Memory, Sandboxes: used.Sandboxes + s.res.Sandboxes}
-	return Load(n.Capacity, u), true
+	return max(Load(n.Capacity, u), RealLoad(n.InUse)), true
+}
+
+// RealLoad is how full a node is by what its sandboxes really use (its
+// api.Node.InUse): the fuller of its cores busy and its memory in use
+// against what it lets sandboxes have; 0 when it does not say. With CPU
+// overcommitted 50x, what sandboxes ask for says little of how busy a
+// node is: placement ranks by the fuller of the two.
+func RealLoad(u *api.NodeInUse) float64 {
+	if u == nil {
+		return 0
+	}
+	l := 0.0
+	if u.Cores > 0 && u.CPUUnmeasured == "" {
+		l = (u.CPU + u.CPUBestEffort/10) / u.Cores // best-effort work yields: it counts little
+	}
+	if u.MemoryLimit > 0 {
+		l = max(l, float64(u.Memory)/float64(u.MemoryLimit))
+	}
+	return l
 }
 
 // runs reports whether node n runs the request's runtime, counting it

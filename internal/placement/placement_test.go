@@ -153,6 +153,34 @@ func TestOracleTakesLeastLoaded(t *testing.T) {
 	}
 }
 
+// TestOracleRanksByRealUse: nodes that asked for the same show their
+// real use; the oracle takes the one least busy by it (best-effort CPU
+// counting little), and a node that reports none is not thought busy.
+func TestOracleRanksByRealUse(t *testing.T) {
+	inUse := func(cpu, be float64, mem api.Quantity) func(*api.Node) {
+		return func(n *api.Node) {
+			n.Usage = api.Capacity{CPU: 2}
+			n.InUse = &api.NodeInUse{CPU: cpu, CPUBestEffort: be, Cores: 2, Memory: mem, MemoryLimit: 10 << 30}
+		}
+	}
+	f := fleet.NewStatic(
+		node("a", inUse(1.5, 0, 1<<30)),   // busy CPU
+		node("b", inUse(0.1, 0, 9<<30)),   // memory nearly all in use
+		node("c", inUse(0.2, 1.8, 2<<30)), // busy with best-effort work only
+	)
+	p := newPlacer(t, placement.Config{Fleet: f, Strategy: placement.Oracle})
+	got, err := chosen(t, p, placement.Request{Resources: oneCPU}, 20)
+	if err != nil || fmt.Sprint(got) != "[c]" {
+		t.Fatalf("oracle by real use: got %v, %v; want [c]", got, err)
+	}
+	if l := placement.RealLoad(nil); l != 0 {
+		t.Errorf("RealLoad(nil) = %v", l)
+	}
+	if l := placement.RealLoad(&api.NodeInUse{CPU: 1, Cores: 2, CPUUnmeasured: "no cgroup", Memory: 1, MemoryLimit: 4}); l != 0.25 {
+		t.Errorf("RealLoad with CPU unmeasured = %v, want memory's 0.25", l)
+	}
+}
+
 func TestLoad(t *testing.T) {
 	c := api.Capacity{CPU: 10, Memory: 100, Sandboxes: 4}
 	for _, tt := range []struct {

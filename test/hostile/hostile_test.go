@@ -97,6 +97,7 @@ var attacks = []struct {
 	{"ExecRace", testExecRace},
 	{"SnapshotPlant", testSnapshotPlant},
 	{"PauseEvade", testPauseEvade},
+	{"QoSEscape", testQoSEscape},
 	{"PortScan", testPortScan},
 	{"Egress", testEgress},
 }

@@ -452,3 +452,49 @@ until [ -s /count ]; do sleep 0.01; done; echo started`)
 	}
 	p.healthy(t)
 }
+
+// testQoSEscape: a best-effort agent that wants the CPU back tries to
+// leave SCHED_IDLE (back to SCHED_OTHER, up to SCHED_FIFO, a nice value
+// below 0) and to take its cgroup out of the idle class. All of it fails,
+// and every process it has (its init, a daemon an earlier exec left
+// running, the exec doing the trying) stays under SCHED_IDLE. A latency
+// sandbox runs as normal work and cannot get ahead of others either.
+func testQoSEscape(t *testing.T, p *platform) {
+	const schedIdle, schedNormal = "5", "0"
+	be := p.sandbox(t, func(r *api.CreateSandboxRequest) { r.QoS = api.QoSBestEffort })
+	if r := p.sh(t, be, "sleep 1000 > /dev/null 2>&1 &"); r.ExitCode != 0 {
+		t.Fatalf("start a daemon: %+v", r)
+	}
+	lat := p.sandbox(t)
+	escapes := []string{"sched-normal", "sched-fifo", "sched-nice", "setpriority", "cpu-idle"}
+	for _, c := range []struct {
+		id, policy string
+	}{{be, schedIdle}, {lat, schedNormal}} {
+		got := p.attackResults(t, c.id, append(append([]string{"policy"}, escapes...), "policies")...)
+		if got["policy"] != c.policy {
+			t.Errorf("sandbox %s: policy %s, want %s", c.id, got["policy"], c.policy)
+		}
+		for _, e := range escapes {
+			if e == "sched-normal" && c.id == lat {
+				continue // where it is already
+			}
+			if v := got[e]; v == "ok" || v == "" {
+				t.Errorf("sandbox %s: %s: %q, want it refused", c.id, e, v)
+			}
+		}
+		// After the tries: every process there, the exec's own included.
+		procs := strings.Fields(got["policies"])
+		if c.id == be && len(procs) < 3 { // init, the daemon, the exec
+			t.Errorf("best-effort sandbox: processes %q, want at least 3", procs)
+		}
+		for _, pp := range procs {
+			if _, pol, _ := strings.Cut(pp, "="); pol != c.policy {
+				t.Errorf("sandbox %s: process %s after the tries, want policy %s", c.id, pp, c.policy)
+			}
+		}
+	}
+	nodes, err := p.c.ListNodes(context.Background())
+	if err != nil || len(nodes) != 1 || nodes[0].QoS == nil || nodes[0].QoS.BestEffort != 1 || nodes[0].QoS.Latency < 1 {
+		t.Errorf("node status: %+v, %v; want 1 best-effort sandbox and a latency one counted", nodes, err)
+	}
+}

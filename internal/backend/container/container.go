@@ -52,6 +52,7 @@ import (
 	"github.com/warrenhq/warren/internal/guard"
 	"github.com/warrenhq/warren/internal/hostbin"
 	"github.com/warrenhq/warren/internal/image"
+	"github.com/warrenhq/warren/internal/qos"
 )
 
 // Config configures a Container backend. Everything it creates on the host
@@ -118,6 +119,7 @@ type Container struct {
 	devTemplate bool             // sandboxes' /dev is the platform layer's template (dev.go)
 	landlock    [2]uint64        // handled and allowed rights, guard.LandlockRules
 	apparmor    string           // the AppArmor profile of every sandbox process; "": none
+	qos         qos.Support      // what best-effort sandboxes get here (qos.go)
 	ids         idAllocator      // user-namespace id ranges (userns.go)
 	usernsMu    sync.Mutex
 	usernsErr   error // why sandboxes get no user namespace here, if they do not
@@ -221,6 +223,7 @@ func New(cfg Config) (*Container, error) {
 	c.shell = loadTrustedShell(cfg.ShellPath)
 	c.landlock[0], c.landlock[1], _ = guard.LandlockRules()
 	c.apparmor, _ = guard.LoadAppArmor() // where it fails, node ls says why
+	c.qos = qos.Probe()
 	c.ids.used = make(map[int]string)
 	if cfg.NoUserNS {
 		c.usernsErr = errors.New("turned off (NoUserNS)")
@@ -252,6 +255,7 @@ func (c *Container) Capabilities() backend.Capabilities {
 		Limits:   true,
 		Recover:  true,
 		Snapshot: true,
+		QoS:      true,
 	}
 }
 

@@ -181,8 +181,10 @@ func leftovers(t testing.TB, c *Container, id string) []string {
 		left = append(left, "mount "+m)
 	}
 	for _, hier := range cgroupMounts(t) {
-		if d := filepath.Join(hier, c.cfg.CgroupParent, id); exists(d) {
-			left = append(left, "cgroup "+d)
+		for _, bestEffort := range []bool{false, true} {
+			if d := filepath.Join(hier, c.cgroupRel(id, bestEffort)); exists(d) {
+				left = append(left, "cgroup "+d)
+			}
 		}
 	}
 	for _, rt := range []*ociRuntime{c.runc, c.gvisor} {

@@ -24,9 +24,9 @@ import (
 // This file is the agent's side of warren-enter (cmd/warren-enter), the
 // launcher every exec goes through: what it is told, and what it answers.
 
-// enterMagic opens every request ("WEN2"): the format's version, raised
+// enterMagic opens every request ("WEN3"): the format's version, raised
 // with every change to it; keep in step with enter.c.
-const enterMagic = 0x324e4557
+const enterMagic = 0x334e4557
 
 // execUmask is the umask of exec'd commands, as runc and a login set it.
 const execUmask = 0o022
@@ -46,6 +46,8 @@ type enterRequest struct {
 	landlockAllowed           uint64
 	userns                    bool   // join the init's user namespace too
 	apparmor                  string // the AppArmor profile to exec under; "": none
+	schedIdle                 bool   // run under SCHED_IDLE (a best-effort sandbox)
+	coreShare                 bool   // share the init's core scheduling cookie
 }
 
 type rlimit struct{ resource, soft, hard uint64 }
@@ -91,14 +93,19 @@ func (r *enterRequest) encode() []byte {
 	for _, fd := range r.cgroupFds {
 		u(uint64(fd))
 	}
+	flag := func(v bool) {
+		if v {
+			u(1)
+		} else {
+			u(0)
+		}
+	}
 	u(r.landlockHandled)
 	u(r.landlockAllowed)
-	if r.userns {
-		u(1)
-	} else {
-		u(0)
-	}
+	flag(r.userns)
 	str(r.apparmor)
+	flag(r.schedIdle)
+	flag(r.coreShare)
 	return b
 }
 
@@ -124,7 +131,7 @@ func memfdOf(name string, b []byte, flags int) (*os.File, error) {
 var rlimitNumbers = map[string]uint64{
 	"RLIMIT_NOFILE": unix.RLIMIT_NOFILE, "RLIMIT_NPROC": unix.RLIMIT_NPROC,
 	"RLIMIT_CORE": unix.RLIMIT_CORE, "RLIMIT_STACK": unix.RLIMIT_STACK,
-	"RLIMIT_MEMLOCK": unix.RLIMIT_MEMLOCK,
+	"RLIMIT_MEMLOCK": unix.RLIMIT_MEMLOCK, "RLIMIT_NICE": unix.RLIMIT_NICE,
 }
 
 // enterStatus is how warren-enter said the exec ended.

@@ -20,6 +20,7 @@ import (
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/osthread"
+	"github.com/warrenhq/warren/internal/qos"
 	"github.com/warrenhq/warren/internal/rootfs"
 )
 
@@ -86,6 +87,8 @@ func (c *Container) Exec(ctx context.Context, id string, req backend.ExecRequest
 		env: execEnv(s.spec.Env, req.Env, uid), execFd: -1, filters: filters, userns: s.ids != nil}
 	e.landlockHandled, e.landlockAllowed = c.landlock[0], c.landlock[1]
 	e.apparmor = c.apparmor
+	e.schedIdle = s.spec.BestEffort
+	e.coreShare = s.spec.BestEffort && c.qos.CoreScheduling == qos.CoreSchedulingOn
 	if e.capEff, e.capPerm, e.capBound, err = capMasks(uid); err != nil {
 		return backend.ExecResult{}, fmt.Errorf("exec in %s: %w", id, err)
 	}

@@ -188,7 +188,10 @@ func (c *Container) readRunscState(id string) (*runtimeState, error) {
 		return nil, err
 	}
 	rs := &runtimeState{InitPid: st.Sandbox.Pid, Created: st.Status == "created", CgroupPaths: map[string]string{}}
-	path := c.cfg.CgroupParent + "/" + id
+	path := c.cgroupRel(id, false)
+	if be := c.cgroupRel(id, true); len(l.Paths(be)) > 0 && l.Paths(be)[0].Exists() {
+		path = be
+	}
 	if l.Mode == cgroup.Unified {
 		rs.CgroupPaths[""] = filepath.Join(l.Unified, path)
 	} else {

@@ -164,6 +164,11 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 	if err := c.giveIdentity(s, st.InitPid); err != nil { // identity.go
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
+	if spec.BestEffort {
+		if err := c.bestEffort(st.CgroupPaths, st.InitPid); err != nil { // qos.go
+			return fmt.Errorf("create sandbox %s: %w", id, err)
+		}
+	}
 	c.mu.Lock()
 	s.init = initProc{pid: st.InitPid, start: st.InitStart}
 	s.cg = cg

@@ -10,6 +10,7 @@ import (
 
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/guard"
+	"github.com/warrenhq/warren/internal/qos"
 )
 
 const (
@@ -40,7 +41,12 @@ func sandboxRlimits() []specs.POSIXRlimit {
 	if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) == nil && rl.Max < n && !hasCap(unix.CAP_SYS_RESOURCE) {
 		n = rl.Max
 	}
-	return []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: n, Soft: n}}
+	return []specs.POSIXRlimit{
+		{Type: "RLIMIT_NOFILE", Hard: n, Soft: n},
+		// No process may raise its priority: a best-effort sandbox's
+		// stay under SCHED_IDLE (internal/qos).
+		{Type: "RLIMIT_NICE", Hard: qos.RLIMITNice, Soft: qos.RLIMITNice},
+	}
 }
 
 // hasCap reports whether the calling process has capability c in its
@@ -109,7 +115,7 @@ func (c *Container) ociSpec(r *ociRuntime, spec backend.Spec, rootfs string, ids
 			{Destination: initPath, Type: "bind", Source: filepath.Join(rootfs, platformSub, "init"), Options: []string{"bind", "ro", "nosuid", "nodev"}},
 		},
 		Linux: &specs.Linux{
-			CgroupsPath: c.cfg.CgroupParent + "/" + spec.ID,
+			CgroupsPath: c.cgroupRel(spec.ID, spec.BestEffort),
 			Resources:   res,
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace},

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -39,10 +40,12 @@ func (c *Container) Sweep(ctx context.Context, orphan func(id string) bool) ([]s
 		add(id)
 	}
 	if layout != nil {
-		for _, parent := range layout.Paths(c.cfg.CgroupParent) {
-			children, _ := parent.Children("")
-			for _, d := range children {
-				add(filepath.Base(d.Path))
+		for _, bestEffort := range []bool{false, true} {
+			for _, parent := range layout.Paths(path.Dir(c.cgroupRel("x", bestEffort))) {
+				children, _ := parent.Children("")
+				for _, d := range children {
+					add(filepath.Base(d.Path))
+				}
 			}
 		}
 	}
@@ -103,9 +106,11 @@ func (c *Container) sweepOne(ctx context.Context, id string, layout *cgroup.Layo
 	}
 	var cgroups []cgroup.Dir
 	if layout != nil {
-		for _, d := range layout.Paths(filepath.Join(c.cfg.CgroupParent, id)) {
-			if d.Exists() {
-				cgroups = append(cgroups, d)
+		for _, bestEffort := range []bool{false, true} {
+			for _, d := range layout.Paths(c.cgroupRel(id, bestEffort)) {
+				if d.Exists() {
+					cgroups = append(cgroups, d)
+				}
 			}
 		}
 	}

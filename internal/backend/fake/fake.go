@@ -118,7 +118,9 @@ func (b *Backend) Name() string { return b.opts.Name }
 
 // Capabilities: exec, files and recovery; no isolation, hostname or limits.
 func (b *Backend) Capabilities() backend.Capabilities {
-	return backend.Capabilities{Exec: true, Files: true, Recover: true, Snapshot: true}
+	// QoS: it keeps Spec.BestEffort, which is all there is to check of
+	// the layers above; the real backends' tests check the scheduling.
+	return backend.Capabilities{Exec: true, Files: true, Recover: true, Snapshot: true, QoS: true}
 }
 
 // Available returns Options.Unavailable, or ErrUnavailable if there is no

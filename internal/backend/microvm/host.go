@@ -10,6 +10,7 @@ import (
 	"strconv"
 
 	"github.com/warrenhq/warren/internal/cgroup"
+	"github.com/warrenhq/warren/internal/qos"
 )
 
 // hostCgroup is a sandbox's QEMU's cgroup on the host: one directory per
@@ -18,12 +19,32 @@ type hostCgroup struct {
 	dirs []cgroup.Dir
 }
 
+// cgroupPaths are the cgroups sandbox id's QEMU has, of either QoS class
+// (those that exist).
 func (m *MicroVM) cgroupPaths(id string) []cgroup.Dir {
+	var dirs []cgroup.Dir
+	for _, bestEffort := range []bool{false, true} {
+		for _, d := range m.cgroupPathsOf(id, bestEffort) {
+			if d.Exists() {
+				dirs = append(dirs, d)
+			}
+		}
+	}
+	return dirs
+}
+
+// cgroupPathsOf are the cgroups of sandbox id's QEMU: <CgroupParent>/<id>,
+// or for a best-effort sandbox <CgroupParent>/best-effort/<id>, below the
+// class's idle group (internal/qos).
+func (m *MicroVM) cgroupPathsOf(id string, bestEffort bool) []cgroup.Dir {
 	l, err := cgroup.Host()
 	if err != nil {
 		return nil
 	}
 	rel := filepath.Join(m.cfg.CgroupParent, id)
+	if bestEffort {
+		rel = filepath.Join(m.cfg.CgroupParent, qos.ClassGroup, id)
+	}
 	var dirs []cgroup.Dir
 	for _, ctrl := range []string{"cpu", "memory", "pids"} {
 		if d, ok := l.V1Dir(ctrl, rel); ok {
@@ -32,7 +53,7 @@ func (m *MicroVM) cgroupPaths(id string) []cgroup.Dir {
 	}
 	if len(dirs) == 0 && l.Unified != "" {
 		// Unified: the controllers must be enabled down to the parent.
-		cgroup.EnableControllers(l.Unified, m.cfg.CgroupParent, "cpu", "memory", "pids")
+		cgroup.EnableControllers(l.Unified, filepath.Dir(rel), "cpu", "memory", "pids")
 		dirs = append(dirs, cgroup.Dir{Path: filepath.Join(l.Unified, rel), V2: true})
 	}
 	return dirs
@@ -47,7 +68,7 @@ func (m *MicroVM) makeCgroup(s *sandbox) (hostCgroup, error) {
 		mem = defaultMemory
 	}
 	limit := mem + guestOverhead + qemuOverhead
-	cg := hostCgroup{dirs: m.cgroupPaths(s.spec.ID)}
+	cg := hostCgroup{dirs: m.cgroupPathsOf(s.spec.ID, s.spec.BestEffort)}
 	for _, d := range cg.dirs {
 		if err := os.MkdirAll(d.Path, 0o755); err != nil {
 			return cg, fmt.Errorf("cgroup: %w", err)
@@ -69,6 +90,9 @@ func (m *MicroVM) makeCgroup(s *sandbox) (hostCgroup, error) {
 			} else if err = set("cpu.cfs_period_us", "100000"); err == nil {
 				err = set("cpu.cfs_quota_us", strconv.FormatInt(quota, 10))
 			}
+		}
+		if err == nil && s.spec.BestEffort && (d.V2 || exists(filepath.Join(d.Path, "cpu.shares"))) {
+			_, err = qos.SetGroupIdle(cgroup.Dir{Path: filepath.Dir(d.Path), V2: d.V2})
 		}
 		if err == nil {
 			if d.V2 {

@@ -23,6 +23,7 @@ import (
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
 	"github.com/warrenhq/warren/internal/qemu"
+	"github.com/warrenhq/warren/internal/qos"
 )
 
 // Files in a sandbox's directory.
@@ -585,7 +586,13 @@ func (m *MicroVM) startQEMU(s *sandbox, argv []string, resume bool) (*process, e
 	if err != nil {
 		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
+	start := cmd.Start
+	if s.spec.BestEffort {
+		// QEMU and every thread it makes under SCHED_IDLE, its
+		// cgroup an idle group (internal/qos).
+		start = func() error { return qos.StartIdle(cmd) }
+	}
+	if err := start(); err != nil {
 		m.removeCgroup(s.spec.ID)
 		return nil, fmt.Errorf("qemu: %w", err)
 	}

@@ -287,7 +287,7 @@ func (m *MicroVM) Capabilities() backend.Capabilities {
 	if m.kind == KindVM {
 		return vmCapabilities
 	}
-	return backend.Capabilities{Exec: true, Files: true, Hostname: true, Isolated: true, Limits: true, Recover: true, Pause: true, Snapshot: true}
+	return backend.Capabilities{Exec: true, Files: true, Hostname: true, Isolated: true, Limits: true, Recover: true, Pause: true, Snapshot: true, QoS: true}
 }
 
 // Available implements backend.Backend.

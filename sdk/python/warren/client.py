@@ -261,12 +261,15 @@ class Client:
     @staticmethod
     def _create_body(image: str, backend: str, cpu: float, memory: Any, pids: int, ttl: Any, idle_timeout: Any,
                      labels: Optional[Dict[str, str]], env: Optional[Dict[str, str]], extra: Dict[str, Any],
-                     node_selector: Optional[Dict[str, str]] = None, pool: str = "", runtime: str = ""):
+                     node_selector: Optional[Dict[str, str]] = None, pool: str = "", runtime: str = "",
+                     qos: str = ""):
         body: Dict[str, Any] = {"image": image}
         if backend:
             body["backend"] = backend
         if runtime:
             body["runtime"] = runtime
+        if qos:
+            body["qos"] = qos
         res = {k: v for k, v in (("cpu", cpu), ("memory", memory), ("pids", pids)) if v}
         if res:
             body["resources"] = res
@@ -290,7 +293,7 @@ class Client:
     def create_sandbox(self, image: str, *, backend: str = "", cpu: float = 0, memory: Any = 0, pids: int = 0,
                        ttl: Any = None, idle_timeout: Any = None, labels: Optional[Dict[str, str]] = None,
                        env: Optional[Dict[str, str]] = None, node_selector: Optional[Dict[str, str]] = None,
-                       pool: str = "", runtime: str = "", **extra: Any) -> Dict[str, Any]:
+                       pool: str = "", runtime: str = "", qos: str = "", **extra: Any) -> Dict[str, Any]:
         """Create and start a sandbox. Retries 429/503 refusals after their Retry-After.
 
         network={"allow": ["pypi.org", "*.pythonhosted.org", "198.51.100.0/24:443"]}
@@ -306,11 +309,14 @@ class Client:
         none; memory and pids limits hold for the whole sandbox); only nodes
         that run gVisor take it, else 503 runtime_unavailable says why.
         The default, runtime="" or "runc", is the host's kernel.
+        qos="best-effort" makes it yield the CPU to latency work (every
+        process under SCHED_IDLE, exec'd ones too) and be paused or evicted
+        first under memory pressure; the default is "latency".
         extra goes into the request as is: project="research/rl-math",
         idempotency_key="rollout-17" (replays return the same sandbox), layers=[...].
         """
         body = self._create_body(image, backend, cpu, memory, pids, ttl, idle_timeout, labels, env, extra,
-                                 node_selector, pool, runtime)
+                                 node_selector, pool, runtime, qos)
         return self._retrying("/v1/sandboxes", body)
 
     def create_sandboxes(self, count: int, image: str, *, all_or_none: bool = True, **template: Any) -> Dict[str, Any]:
@@ -322,7 +328,7 @@ class Client:
         """
         kw = {k: template.pop(k, d) for k, d in (("backend", ""), ("cpu", 0), ("memory", 0), ("pids", 0),
                                                 ("ttl", None), ("idle_timeout", None), ("labels", None), ("env", None),
-                                                ("node_selector", None), ("pool", ""), ("runtime", ""))}
+                                                ("node_selector", None), ("pool", ""), ("runtime", ""), ("qos", ""))}
         body = {"count": count, "template": self._create_body(image, extra=template, **kw), "all_or_none": all_or_none}
         if all_or_none:
             return self._retrying("/v1/sandboxes:batch", body)
