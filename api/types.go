@@ -603,6 +603,23 @@ type NodeInUse struct {
 	// (Capacity): CPU x Cores, Memory x the host's memory less the
 	// reserve, plus swap.
 	Overcommit NodeOvercommit `json:"overcommit"`
+	// Reclaim is what the node does with idle sandboxes' memory.
+	Reclaim *NodeReclaim `json:"reclaim,omitempty"`
+}
+
+// NodeReclaim is NodeInUse.Reclaim.
+type NodeReclaim struct {
+	// Mechanism is how the memory of sandboxes idle for IdleAfter is
+	// reclaimed ("memory.force_empty" on cgroup v1, "memory.reclaim" on
+	// v2), or "off", or why none.
+	Mechanism string   `json:"mechanism"`
+	IdleAfter Duration `json:"idle_after"`
+	// Sandboxes and Bytes count the reclaims done since the agent
+	// started, and what they freed.
+	Sandboxes int64    `json:"sandboxes"`
+	Bytes     Quantity `json:"bytes"`
+	// DAMON says whether the host has DAMON and whether it is used.
+	DAMON string `json:"damon"`
 }
 
 // NodeOvercommit is NodeInUse.Overcommit.

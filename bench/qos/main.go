@@ -60,7 +60,7 @@ func main() {
 	flag.IntVar(&cfg.latency, "latency", runtime.NumCPU(), "latency sandboxes, each one search thread")
 	flag.Float64Var(&cfg.load, "load", 0.5, "the share of the node's CPU the loaders keep busy")
 	flag.IntVar(&cfg.loaders, "loaders", 2*runtime.NumCPU(), "loader sandboxes sharing that load")
-	flag.IntVar(&cfg.depth, "depth", 11, "search depth of each move")
+	flag.IntVar(&cfg.depth, "depth", 14, "search depth of each move")
 	flag.IntVar(&cfg.rounds, "rounds", 3, "rounds (each runs every phase)")
 	flag.BoolVar(&cfg.keep, "keep", false, "keep the data directory")
 	flag.Parse()
@@ -151,7 +151,7 @@ func run(ctx context.Context, cfg config) error {
 			}
 			res[ph.name] = append(res[ph.name], out)
 			fmt.Printf("  round %d %-15s moves %d, p50 %v, mean %v, p99 %v, search %v\n", r+1, ph.name, len(out.moves),
-				pct(out.moves, 50), mean(out.moves), pct(out.moves, 99), out.total.Round(time.Millisecond))
+				pct(out.moves, 50), mean(out.moves).Round(100*time.Microsecond), pct(out.moves, 99), out.total.Round(time.Millisecond))
 		}
 	}
 	fmt.Println("\nlatency inflation against the baseline (median over rounds [min..max]; target <= 10% with QoS, DSec 17.3%)")

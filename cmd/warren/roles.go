@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -171,6 +172,7 @@ s3://bucket/prefix?endpoint=host:port (see "warren apiserver --help").`,
 	f.StringVar(&cfg.Blobs, "blobs", "", "blob store shared with the apiservers: a directory or s3://bucket/prefix?endpoint=host:port (default <data-dir>/blobs)")
 	limitFlags(f, &cfg.Limits)
 	swapFlag(f, &cfg.Swap)
+	reclaimFlag(f, &cfg.ReclaimIdle)
 	quantityVar(f, &cfg.DefaultDisk, "default-disk", "writable layer limit of a sandbox that asks for none, e.g. 10Gi (0: none; needs a data dir on btrfs, or xfs or ext4 with project quotas)")
 	f.StringVar(&cfg.Backend, "backend", "container", "sandbox backend: container")
 	f.BoolVar(&cfg.StopSandboxes, "stop-sandboxes", false, "end every sandbox of this node when the agent stops (default: they keep running and the next agent on --data-dir re-adopts them)")
@@ -227,4 +229,8 @@ func limitFlags(f *pflag.FlagSet, l *node.Limits) {
 	f.Float64Var(&l.CPUOvercommit, "cpu-overcommit", 0, "CPU requests may add up to this many times the node's cores (0: 50); latency creates are refused when its cores are 90% busy outside the best-effort class")
 	f.Float64Var(&l.MemoryOvercommit, "memory-overcommit", 0, "memory requests may add up to this many times the host's memory less the reserve, plus swap (0: 4); creates are refused when the memory in use would pass the host's less the reserve")
 	quantityVar(f, &l.Reserve, "memory-reserve", "memory kept for the host and the agent, e.g. 2Gi (0: 5% of the host's, at least 1Gi); past it best-effort sandboxes are paused, then evicted")
+}
+
+func reclaimFlag(f *pflag.FlagSet, d *time.Duration) {
+	f.DurationVar(d, "reclaim-idle", 0, "reclaim the memory of sandboxes without a call for this long (0: "+daemon.DefaultReclaimIdle.String()+"; -1s: never)")
 }

@@ -244,6 +244,21 @@ type Statser interface {
 	Stats(ctx context.Context, id string) (Stats, error)
 }
 
+// Reclaimer pushes a running sandbox's memory out: what a node does for
+// the sandboxes nobody has used for a while, which must keep their memory
+// but seldom touch most of it. What goes: its page cache (the file pages
+// of what it read and wrote) always, anonymous memory only where the
+// node swaps. Touched again, it comes back (from its files, or swap).
+type Reclaimer interface {
+	Reclaim(ctx context.Context, id string) (ReclaimStats, error)
+}
+
+// ReclaimStats says what a Reclaim did.
+type ReclaimStats struct {
+	Before, After int64  // bytes charged to the sandbox before and after
+	How           string // the mechanism, e.g. "memory.force_empty"
+}
+
 // Pauser holds sandboxes still and pushes their memory out, and lets
 // them run again: what a node does with the sandboxes of a preempted
 // trainer. A paused sandbox's processes get no CPU and its memory goes to

@@ -75,6 +75,10 @@ type AgentConfig struct {
 	// DefaultDisk limits the writable layer of a sandbox that asks for no
 	// disk limit (0: none); Agent fails if no backend can enforce it.
 	DefaultDisk int64
+	// ReclaimIdle: a sandbox without a call for this long has its memory
+	// reclaimed (node.Config.ReclaimIdle); 0 takes DefaultReclaimIdle,
+	// negative turns it off.
+	ReclaimIdle time.Duration
 	// Swap, if set, gives the host a zram swap device of that many bytes
 	// when it has no swap at all, so that pausing a sandbox pushes out
 	// its anonymous memory too (package swap). It stays when the agent
@@ -215,6 +219,7 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 		Pool:           cfg.Pool,
 		Labels:         cfg.Labels,
 		Defaults:       node.Defaults{Disk: cfg.DefaultDisk},
+		ReclaimIdle:    reclaimIdle(cfg.ReclaimIdle),
 		Network:        network,
 		NetworkProblem: netProblem,
 		Log:            log,
@@ -503,4 +508,19 @@ func ensureSwap(size int64, log *slog.Logger) {
 		return
 	}
 	log.Info("zram swap for paused sandboxes", "device", dev, "size", size)
+}
+
+// DefaultReclaimIdle is how long a sandbox goes without a call before a
+// node reclaims its memory, unless told otherwise: longer than an agent
+// thinks between tool calls, so a working sandbox keeps its page cache.
+const DefaultReclaimIdle = 5 * time.Minute
+
+func reclaimIdle(d time.Duration) time.Duration {
+	switch {
+	case d == 0:
+		return DefaultReclaimIdle
+	case d < 0:
+		return 0
+	}
+	return d
 }

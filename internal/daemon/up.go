@@ -45,6 +45,10 @@ type UpConfig struct {
 	// disk limit (0: none); Up fails if the data dir's filesystem offers
 	// no quota.
 	DefaultDisk int64
+	// ReclaimIdle: a sandbox without a call for this long has its memory
+	// reclaimed (node.Config.ReclaimIdle); 0 takes DefaultReclaimIdle,
+	// negative turns it off.
+	ReclaimIdle time.Duration
 	Log         *slog.Logger
 	// Fn configures FnCall; ImageCache is where built runtime images are
 	// found and published from at startup (default DefaultImageCache).
@@ -141,6 +145,7 @@ func Up(ctx context.Context, cfg UpConfig) error {
 		Limits:         cfg.Limits,
 		Cgroup:         "/warren/" + nodeID,
 		Defaults:       node.Defaults{Disk: cfg.DefaultDisk},
+		ReclaimIdle:    reclaimIdle(cfg.ReclaimIdle),
 		Network:        network,
 		NetworkProblem: netProblem,
 		Log:            log,

@@ -142,6 +142,9 @@ type Config struct {
 	// measures their CPU use there (use.go). Empty: no CPU measure, and
 	// admission by requests and memory only.
 	Cgroup string
+	// ReclaimIdle is how long a running sandbox goes without a call
+	// before its memory is reclaimed (reclaim.go); 0: never.
+	ReclaimIdle time.Duration
 	// ReapInterval is how often TTLs and idle timeouts are checked.
 	ReapInterval time.Duration
 	Log          *slog.Logger
@@ -171,6 +174,9 @@ type Agent struct {
 	bestEffort   int                 // sandboxes of QoS class best-effort
 	qos          qos.Support         // how best-effort sandboxes run here (fixed at New)
 	recent       recentCreates       // memory recent creates may still grow into (use.go)
+	reclaims     int64               // idle reclaims done (reclaim.go)
+	reclaimed    int64               // bytes they freed
+	reclaimHow   string              // the last one's mechanism
 	journals     map[string]*journal // journal.go
 	changes      changeLog           // what Changes tells (changes.go); its tombstones under mu
 	graves       graves              // why recently ended sandboxes ended (reaper.go)
@@ -422,7 +428,7 @@ func (a *Agent) Status() api.Node {
 		Security:  a.security,
 		Snapshots: a.snapshots,
 		Runtimes:  slices.Clone(a.runtimes),
-		InUse:     a.inUse(),
+		InUse:     a.inUse(a.reclaimStatus()),
 		QoS: &api.NodeQoS{
 			Latency:        len(a.sandboxes) - a.bestEffort,
 			BestEffort:     a.bestEffort,

@@ -40,7 +40,7 @@ func (a *Agent) reapLoop() {
 // timeout. A scan is cheap next to a create: thousands of sandboxes take
 // microseconds.
 func (a *Agent) reap(now time.Time) int {
-	n := 0
+	n, reclaims := 0, 0
 	for _, s := range a.all() {
 		ended, err := a.end(context.Background(), s, func(s *sandbox) string { return s.expiry(now) })
 		if err != nil {
@@ -52,7 +52,10 @@ func (a *Agent) reap(now time.Time) int {
 			a.log.Info("reaped sandbox", "sandbox", s.spec.ID, "reason", ended)
 			continue
 		}
-		a.autoPause(s, now) // pause.go
+		a.autoPause(s, now)                                      // pause.go
+		if reclaims < reclaimsPerPass && a.reclaimIdle(s, now) { // reclaim.go
+			reclaims++
+		}
 	}
 	return n
 }

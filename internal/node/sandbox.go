@@ -41,9 +41,12 @@ type sandbox struct {
 	// what the sandbox holds of the node's reservation: its resources,
 	// or while paused its memory at its paused size. Guarded by
 	// Agent.mu.
-	pauseMu    sync.Mutex
-	held       api.Resources
-	heldPaused bool
+	// reclaimedAt is when its memory was last reclaimed as idle
+	// (reclaim.go). Guarded by mu.
+	reclaimedAt time.Time
+	pauseMu     sync.Mutex
+	held        api.Resources
+	heldPaused  bool
 	// ends counts the times the platform set out to end the sandbox, and
 	// endReason says why the last time: a call that saw ends change
 	// while it ran answers sandbox_gone with the reason, not whatever the

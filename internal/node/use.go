@@ -180,7 +180,7 @@ func (r *recentCreates) add(now time.Time, bytes int64) {
 }
 
 // inUse reports the measured figures for Status.
-func (a *Agent) inUse() *api.NodeInUse {
+func (a *Agent) inUse(reclaim *api.NodeReclaim) *api.NodeInUse {
 	cpu, cpuBE, cpuOK, mem := a.meter.read()
 	u := &api.NodeInUse{
 		Memory:      api.Quantity(mem.used()),
@@ -189,6 +189,7 @@ func (a *Agent) inUse() *api.NodeInUse {
 		Swap:        api.Quantity(mem.SwapTotal),
 		Cores:       a.cfg.Limits.Cores,
 		Overcommit:  api.NodeOvercommit{CPU: a.cfg.Limits.CPUOvercommit, Memory: a.cfg.Limits.MemoryOvercommit},
+		Reclaim:     reclaim,
 	}
 	switch {
 	case cpuOK:

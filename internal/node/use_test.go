@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"io"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -159,5 +160,37 @@ func TestMemoryPressure(t *testing.T) {
 	}
 	if sb, err := a.Get(ctx, lat.ID); err != nil || sb.State != api.StateRunning {
 		t.Errorf("latency sandbox: %+v, %v; want it running", sb, err)
+	}
+}
+
+// TestIdleReclaim: a sandbox no call has used for ReclaimIdle has its
+// memory reclaimed once, not again while its idle spell lasts, and again
+// after a call and another idle spell; a sandbox in use is left alone.
+func TestIdleReclaim(t *testing.T) {
+	ctx := context.Background()
+	a := newAgent(t, t.TempDir(), func(c *Config) { c.ReclaimIdle = 300 * time.Millisecond })
+	sb := mustCreate(t, a, api.CreateSandboxRequest{})
+	count := func() int64 {
+		n := a.Status().InUse.Reclaim
+		if n == nil {
+			t.Fatal("no reclaim status")
+		}
+		return n.Sandboxes
+	}
+	if n := count(); n != 0 {
+		t.Fatalf("%d reclaims right after the create", n)
+	}
+	waitFor(t, "the idle sandbox's reclaim", func() bool { return count() == 1 })
+	time.Sleep(500 * time.Millisecond)
+	if n := count(); n != 1 {
+		t.Errorf("%d reclaims within one idle spell, want 1", n)
+	}
+	if _, err := a.Exec(ctx, sb.ID, api.ExecRequest{Argv: []string{"true"}}, io.Discard, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the reclaim after a call and another idle spell", func() bool { return count() == 2 })
+	r := a.Status().InUse.Reclaim
+	if r.Mechanism == "" || r.Mechanism == "off" || r.IdleAfter.D() != 300*time.Millisecond || r.DAMON == "" {
+		t.Errorf("reclaim status %+v", r)
 	}
 }

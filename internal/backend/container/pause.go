@@ -15,7 +15,34 @@ import (
 	"github.com/warrenhq/warren/internal/errdefs"
 )
 
-var _ backend.Pauser = (*Container)(nil)
+var (
+	_ backend.Pauser    = (*Container)(nil)
+	_ backend.Reclaimer = (*Container)(nil)
+)
+
+// Reclaim pushes out the memory charged to a running sandbox's cgroup,
+// as Pause does after it freezes it (reclaim), without freezing it: its
+// page cache, and its anonymous memory where the node swaps (on cgroup
+// v2, where runc forbids a running sandbox swap, its page cache only).
+func (c *Container) Reclaim(ctx context.Context, id string) (backend.ReclaimStats, error) {
+	s, err := c.get(id)
+	if err != nil {
+		return backend.ReclaimStats{}, err
+	}
+	if !s.init.alive() || c.created(s) {
+		return backend.ReclaimStats{}, errdefs.New(errdefs.ErrConflict, "sandbox_not_running", "reclaim %s: sandbox is not running", id)
+	}
+	mem, ok := memDir(s.cgPath)
+	if !ok {
+		return backend.ReclaimStats{}, errdefs.Unavailable("reclaim %s: no memory cgroup", id)
+	}
+	st := backend.ReclaimStats{Before: charged(mem)}
+	if st.How, err = reclaim(mem, st.Before); err != nil {
+		return backend.ReclaimStats{}, fmt.Errorf("reclaim %s: %w", id, err)
+	}
+	st.After = charged(mem)
+	return st, nil
+}
 
 // Pause freezes the container's cgroup (its init, every exec and what
 // they started), then reclaims the memory charged to it: cgroup v2's

@@ -150,3 +150,29 @@ func TestPauseSwap(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestReclaim: reclaiming a running sandbox's memory pushes out the page
+// cache of what it wrote, and it runs on with its files whole.
+func TestReclaim(t *testing.T) {
+	h := newHarness(t)
+	ctx := context.Background()
+	h.start(h.spec("reclaim-1"))
+	h.sh("reclaim-1", `dd if=/dev/zero of=/work.bin bs=1M count=48 2>/dev/null; sleep 1000 > /dev/null 2>&1 &`)
+	st, err := h.c.Reclaim(ctx, "reclaim-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("reclaim: memory %d -> %d MiB (%s)", st.Before>>20, st.After>>20, st.How)
+	var fs unix.Statfs_t
+	onTmpfs := unix.Statfs(h.c.writableDir("reclaim-1"), &fs) == nil && fs.Type == unix.TMPFS_MAGIC
+	switch {
+	case st.Before < 40<<20 || st.How == "":
+		t.Errorf("reclaim stats %+v: want the 48 MiB it wrote charged", st)
+	case !onTmpfs && st.Before-st.After < 32<<20:
+		t.Errorf("reclaim stats %+v: want the 48 MiB of page cache it wrote reclaimed", st)
+	}
+	h.wantState("reclaim-1", backend.StateRunning)
+	if got := h.sh("reclaim-1", "wc -c < /work.bin; pidof sleep > /dev/null && echo alive"); got != "50331648\nalive" {
+		t.Errorf("after the reclaim: %q", got)
+	}
+}
