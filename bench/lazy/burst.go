@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/bench/internal/benchup"
+	"github.com/warrenhq/warren/bench/internal/stats"
 	"github.com/warrenhq/warren/client"
 )
 
@@ -33,7 +33,7 @@ type result struct {
 
 func (r *result) String() string {
 	s := fmt.Sprintf("burst %s (host CPU %.0f%% busy, link %.0f MB/s), first exec p50 %s p99 %s, task p50 %s, received %s, written %s, cache on disk %s",
-		dur(r.burst), 100*r.cpuBusy, float64(r.received)/1e6/r.burst.Seconds(), dur(pct(r.first, 50)), dur(pct(r.first, 99)), dur(pct(r.task, 50)), mb(r.received), mb(r.written), mb(r.cacheDisk))
+		dur(r.burst), 100*r.cpuBusy, float64(r.received)/1e6/r.burst.Seconds(), dur(stats.Pct(r.first, 50)), dur(stats.Pct(r.first, 99)), dur(stats.Pct(r.task, 50)), mb(r.received), mb(r.written), mb(r.cacheDisk))
 	if r.layer != nil {
 		s += fmt.Sprintf(" (chunk cache: %d fetches, mean %s, %d hits, %d misses)", r.layer.Fetches,
 			dur(time.Duration(r.layer.FetchMs)*time.Millisecond/time.Duration(max(r.layer.Fetches, 1))), r.layer.Hits, r.layer.Misses)
@@ -223,25 +223,6 @@ func deleteAll(d *benchup.Daemon) {
 	wg.Wait()
 }
 
-func pct(ds []time.Duration, p float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := append([]time.Duration(nil), ds...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	i := int(float64(len(s)-1) * p / 100)
-	return s[i]
-}
-
-func median(xs []float64) float64 {
-	s := append([]float64(nil), xs...)
-	sort.Float64s(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
 // report prints lazy against eager per round and the medians.
 func report(res map[string][]*result) {
 	type fig struct {
@@ -250,8 +231,8 @@ func report(res map[string][]*result) {
 	}
 	figs := []fig{
 		{"burst time, eager/lazy (x faster)", func(e, l *result) float64 { return e.burst.Seconds() / l.burst.Seconds() }},
-		{"first exec p50, eager/lazy", func(e, l *result) float64 { return pct(e.first, 50).Seconds() / pct(l.first, 50).Seconds() }},
-		{"first exec p99, eager/lazy", func(e, l *result) float64 { return pct(e.first, 99).Seconds() / pct(l.first, 99).Seconds() }},
+		{"first exec p50, eager/lazy", func(e, l *result) float64 { return stats.Pct(e.first, 50).Seconds() / stats.Pct(l.first, 50).Seconds() }},
+		{"first exec p99, eager/lazy", func(e, l *result) float64 { return stats.Pct(e.first, 99).Seconds() / stats.Pct(l.first, 99).Seconds() }},
 		{"bytes received, lazy/eager", func(e, l *result) float64 { return float64(l.received) / float64(e.received) }},
 		{"bytes written, % fewer lazy", func(e, l *result) float64 { return 100 * (1 - float64(l.written)/float64(e.written)) }},
 	}
@@ -261,11 +242,8 @@ func report(res map[string][]*result) {
 		for r := range res["lazy"] {
 			xs = append(xs, f.val(res["eager"][r], res["lazy"][r]))
 		}
-		lo, hi := xs[0], xs[0]
-		for _, x := range xs {
-			lo, hi = min(lo, x), max(hi, x)
-		}
-		fmt.Printf("  %-36s %7.2f [%.2f..%.2f]\n", f.name, median(xs), lo, hi)
+		med, lo, hi := stats.Spread(xs)
+		fmt.Printf("  %-36s %7.2f [%.2f..%.2f]\n", f.name, med, lo, hi)
 	}
 	l := res["lazy"][0]
 	fmt.Printf("  tasks read %s in all, %s of distinct files (round 1)\n", mb(l.read), mb(l.distinct))

@@ -30,12 +30,10 @@ import (
 	"flag"
 	"fmt"
 	"log"
-	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,6 +41,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/bench/internal/benchup"
+	"github.com/warrenhq/warren/bench/internal/stats"
 	"github.com/warrenhq/warren/client"
 )
 
@@ -151,7 +150,7 @@ func run(ctx context.Context, cfg config) error {
 			}
 			res[ph.name] = append(res[ph.name], out)
 			fmt.Printf("  round %d %-15s moves %d, p50 %v, mean %v, p99 %v, search %v\n", r+1, ph.name, len(out.moves),
-				pct(out.moves, 50), mean(out.moves).Round(100*time.Microsecond), pct(out.moves, 99), out.total.Round(time.Millisecond))
+				stats.Pct(out.moves, 50), stats.Mean(out.moves).Round(100*time.Microsecond), stats.Pct(out.moves, 99), out.total.Round(time.Millisecond))
 		}
 	}
 	fmt.Println("\nlatency inflation against the baseline (median over rounds [min..max]; target <= 10% with QoS, DSec 17.3%)")
@@ -160,16 +159,16 @@ func run(ctx context.Context, cfg config) error {
 			name string
 			val  func(*result) float64
 		}{
-			{"per-move p50", func(r *result) float64 { return float64(pct(r.moves, 50)) }},
-			{"per-move mean", func(r *result) float64 { return float64(mean(r.moves)) }},
+			{"per-move p50", func(r *result) float64 { return float64(stats.Pct(r.moves, 50)) }},
+			{"per-move mean", func(r *result) float64 { return float64(stats.Mean(r.moves)) }},
 			{"whole search", func(r *result) float64 { return float64(r.total) }},
 		} {
 			var xs []float64
 			for i := range res[ph.name] {
 				xs = append(xs, 100*(f.val(res[ph.name][i])/f.val(res[baseline.name][i])-1))
 			}
-			lo, hi := minmax(xs)
-			fmt.Printf("  %-15s %-14s %+7.1f%% [%+.1f..%+.1f]\n", ph.name, f.name, median(xs), lo, hi)
+			med, lo, hi := stats.Spread(xs)
+			fmt.Printf("  %-15s %-14s %+7.1f%% [%+.1f..%+.1f]\n", ph.name, f.name, med, lo, hi)
 		}
 	}
 	return nil
@@ -310,38 +309,4 @@ func chessRootfs(dir, stockfish string) error {
 		}
 	}
 	return nil
-}
-
-func pct(ds []time.Duration, p float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := append([]time.Duration(nil), ds...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return s[int(math.Round(float64(len(s)-1)*p/100))]
-}
-
-func mean(ds []time.Duration) time.Duration {
-	var t time.Duration
-	for _, d := range ds {
-		t += d
-	}
-	return t / time.Duration(max(len(ds), 1))
-}
-
-func median(xs []float64) float64 {
-	s := append([]float64(nil), xs...)
-	sort.Float64s(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
-func minmax(xs []float64) (lo, hi float64) {
-	lo, hi = xs[0], xs[0]
-	for _, x := range xs {
-		lo, hi = min(lo, x), max(hi, x)
-	}
-	return lo, hi
 }

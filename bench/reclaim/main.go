@@ -28,7 +28,6 @@ import (
 	"log"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,6 +35,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/bench/internal/benchup"
+	"github.com/warrenhq/warren/bench/internal/stats"
 	"github.com/warrenhq/warren/client"
 	"github.com/warrenhq/warren/internal/cgroup"
 )
@@ -101,13 +101,9 @@ func run(ctx context.Context, cfg config) error {
 	for i := range res["reclaim"] {
 		xs = append(xs, 100*(1-res["reclaim"][i].integral/res["no reclaim"][i].integral))
 	}
-	sort.Float64s(xs)
-	med := xs[len(xs)/2]
-	if len(xs)%2 == 0 {
-		med = (xs[len(xs)/2-1] + xs[len(xs)/2]) / 2
-	}
+	med, lo, hi := stats.Spread(xs)
 	fmt.Printf("\ntime-integrated memory, %% less with reclaim (median over rounds [min..max]; target >= 30%%, DSec 21.2%%)\n  %.1f%% [%.1f..%.1f]\n",
-		med, xs[0], xs[len(xs)-1])
+		med, lo, hi)
 	return nil
 }
 

@@ -1,0 +1,256 @@
+// Command density packs idle sandboxes onto one node until -n or until
+// the node refuses (issue 18), and reports, as the count grows: host
+// memory per sandbox, the agent's own memory per sandbox, create latency,
+// exec round trip against exec at the start, and the cost of a list and
+// of a node status; then delete latency. Target: 10,000 live sandboxes on
+// 2 cores and 24 GiB, exec p50 at 10,000 within 2x of exec at 10 (DSec:
+// >= 3,200 containers on a ~190-core node).
+//
+// The sandboxes are busybox, asking for the least a create may (0.01
+// cores, 8 MiB), idle: their init and nothing else, as an agent's
+// sandbox between tool calls.
+//
+//	sudo go run ./bench/density -n 10000
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/warrenhq/warren/api"
+	"github.com/warrenhq/warren/bench/internal/benchup"
+	"github.com/warrenhq/warren/bench/internal/stats"
+	"github.com/warrenhq/warren/client"
+)
+
+type config struct {
+	n     int
+	step  int
+	conc  int
+	execs int
+	keep  bool
+}
+
+func main() {
+	var cfg config
+	flag.IntVar(&cfg.n, "n", 10000, "sandboxes to reach (the node may refuse first)")
+	flag.IntVar(&cfg.step, "step", 1000, "report every this many sandboxes")
+	flag.IntVar(&cfg.conc, "conc", 16, "creates in flight")
+	flag.IntVar(&cfg.execs, "execs", 30, "exec round trips per report")
+	flag.BoolVar(&cfg.keep, "keep", false, "keep the data directory (and its log)")
+	flag.Parse()
+	if err := run(context.Background(), cfg); err != nil {
+		log.Fatalf("bench/density: %v", err)
+	}
+}
+
+func run(ctx context.Context, cfg config) error {
+	dir, err := benchup.TempDir("bench-density-")
+	if err != nil {
+		return err
+	}
+	if !cfg.keep {
+		defer os.RemoveAll(dir)
+	}
+	bin, err := benchup.Build(ctx, dir)
+	if err != nil {
+		return err
+	}
+	m0, err := memUsed()
+	if err != nil {
+		return err
+	}
+	d, err := benchup.StartProc(ctx, bin, filepath.Join(dir, "data"))
+	if err != nil {
+		return err
+	}
+	defer d.Stop()
+	c := d.Client
+	agent0, _ := rss(d.Cmd.Process.Pid)
+	fmt.Printf("bench/density: busybox sandboxes (0.01 cores, 8Mi, idle) up to %d, %d creates in flight, %s\n", cfg.n, cfg.conc, time.Now().UTC().Format(time.RFC3339))
+	fmt.Printf("%8s %10s %10s %12s %12s %10s %10s %10s %9s\n", "count", "host/sb", "agent/sb", "create p50", "create p99", "exec p50", "list", "status", "refusals")
+
+	var ids []string
+	var mu sync.Mutex
+	var refused atomic.Value
+	report := func(creates []time.Duration) error {
+		m, err := memUsed()
+		if err != nil {
+			return err
+		}
+		a, _ := rss(d.Cmd.Process.Pid)
+		n := len(ids)
+		ex, err := execs(ctx, c, ids, cfg.execs)
+		if err != nil {
+			return err
+		}
+		t := time.Now()
+		if _, err := c.ListSandboxes(ctx, client.ListOptions{}); err != nil {
+			return err
+		}
+		list := time.Since(t)
+		t = time.Now()
+		if _, err := c.ListNodes(ctx); err != nil {
+			return err
+		}
+		status := time.Since(t)
+		fmt.Printf("%8d %9.2fM %9.2fM %12v %12v %10v %10v %10v %9d\n", n, float64(m-m0)/float64(n)/(1<<20), float64(a-agent0)/float64(n)/(1<<20),
+			stats.Pct(creates, 50).Round(100*time.Microsecond), stats.Pct(creates, 99).Round(100*time.Microsecond), ex.Round(10*time.Microsecond),
+			list.Round(100*time.Microsecond), status.Round(100*time.Microsecond), refusals.Load())
+		return nil
+	}
+
+	// The first 10, for exec at the start; then steps.
+	targets := []int{10}
+	for t := cfg.step; t <= cfg.n; t += cfg.step {
+		targets = append(targets, t)
+	}
+	if targets[len(targets)-1] != cfg.n {
+		targets = append(targets, cfg.n)
+	}
+	for _, target := range targets {
+		var creates []time.Duration
+		sem := make(chan struct{}, cfg.conc)
+		var wg sync.WaitGroup
+		for i := len(ids); i < target && refused.Load() == nil; i++ {
+			sem <- struct{}{}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				t := time.Now()
+				sb, err := create(ctx, c)
+				took := time.Since(t)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					if refused.Load() == nil {
+						refused.Store(fmt.Sprintf("at %d: %v", len(ids), err))
+					}
+					return
+				}
+				ids = append(ids, sb.ID)
+				creates = append(creates, took)
+			}()
+		}
+		wg.Wait()
+		if err := report(creates); err != nil {
+			return err
+		}
+		if r := refused.Load(); r != nil {
+			fmt.Printf("the node refused a create %s\n", r)
+			break
+		}
+	}
+
+	// Delete them all.
+	var dels []time.Duration
+	sem := make(chan struct{}, cfg.conc)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for _, id := range ids {
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			t := time.Now()
+			if err := c.DeleteSandbox(ctx, id); err == nil {
+				mu.Lock()
+				dels = append(dels, time.Since(t))
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	fmt.Printf("deleted %d of %d in %v: p50 %v, p99 %v\n", len(dels), len(ids), time.Since(start).Round(time.Millisecond),
+		stats.Pct(dels, 50).Round(100*time.Microsecond), stats.Pct(dels, 99).Round(100*time.Microsecond))
+	return nil
+}
+
+// create makes one sandbox, retrying a refusal (429 node_full) after its
+// Retry-After for up to refuseFor, as a trainer's client would: the node
+// refuses while its CPU is busy with the creates themselves, and only a
+// refusal that lasts says it is full.
+func create(ctx context.Context, c *client.Client) (*api.Sandbox, error) {
+	const refuseFor = 30 * time.Second
+	deadline := time.Now().Add(refuseFor)
+	for {
+		sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Image: "busybox",
+			Resources: api.Resources{CPU: 0.01, Memory: 8 << 20}, TTL: api.Duration(24 * time.Hour)})
+		var e *client.Error
+		if err == nil || !errors.As(err, &e) || e.Code != api.CodeNodeFull || time.Now().After(deadline) {
+			return sb, err
+		}
+		refusals.Add(1)
+		time.Sleep(max(e.RetryAfter, 100*time.Millisecond))
+	}
+}
+
+// refusals counts the creates refused and retried.
+var refusals atomic.Int64
+
+// execs returns the p50 of n exec round trips of `true` in sandboxes
+// picked at random among ids.
+func execs(ctx context.Context, c *client.Client, ids []string, n int) (time.Duration, error) {
+	var ds []time.Duration
+	for i := 0; i < n; i++ {
+		id := ids[rand.IntN(len(ids))]
+		t := time.Now()
+		r, err := c.Exec(ctx, id, api.ExecRequest{Argv: []string{"true"}})
+		if err != nil || r.ExitCode != 0 {
+			return 0, fmt.Errorf("exec in %s: %v %+v", id, err, r)
+		}
+		ds = append(ds, time.Since(t))
+	}
+	return stats.Pct(ds, 50), nil
+}
+
+// memUsed is the host's memory in use (MemTotal - MemAvailable), bytes.
+func memUsed() (int64, error) {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	var total, avail int64
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 2 {
+			continue
+		}
+		v, _ := strconv.ParseInt(f[1], 10, 64)
+		switch f[0] {
+		case "MemTotal:":
+			total = v << 10
+		case "MemAvailable:":
+			avail = v << 10
+		}
+	}
+	return total - avail, nil
+}
+
+// rss is process pid's resident memory, bytes.
+func rss(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS for %d", pid)
+}
