@@ -153,7 +153,10 @@ func (m *multi) startAgent(i int, mode, tok string, args ...string) {
 		host, listen = ns.hostIP, ns.nsIP+":7444"
 	}
 	full := []string{m.bin, "agent", "--listen", listen, "--token", tok, "--backend", m.backend,
-		"--data-dir", filepath.Join(m.dir, fmt.Sprintf("agent%d", i)), "--blobs", m.blobs}
+		"--data-dir", filepath.Join(m.dir, fmt.Sprintf("agent%d", i)), "--blobs", m.blobs,
+		// Requests up to 4x the cores, not the default 50x: the fork
+		// test needs a node that cannot take 10 one-core branches.
+		"--cpu-overcommit", "4"}
 	if mode == "etcd" {
 		full = append(full, "--etcd", m.etcd.endpoints(host))
 	} else {
