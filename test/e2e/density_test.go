@@ -23,13 +23,15 @@ func TestUpInUse(t *testing.T) {
 		t.Fatalf("sandbox qos %q", got.QoS)
 	}
 	c.MustRun("exec", sb, "--sh", "(while :; do :; done) > /dev/null 2>&1 &")
-	deadline := time.Now().Add(testutil.Scale(30 * time.Second))
+	// Best-effort work gets only what the rest leaves: on a host busy
+	// with other tests, less than its core; any measured share will do.
+	deadline := time.Now().Add(testutil.Scale(time.Minute))
 	var n api.Node
 	for {
 		var nodes api.NodeList
 		mustJSON(t, c.MustRun("node", "ls", "-o", "json"), &nodes)
 		n = nodes.Nodes[0]
-		if n.InUse != nil && n.InUse.CPUUnmeasured == "" && n.InUse.CPUBestEffort > 0.3 {
+		if n.InUse != nil && n.InUse.CPUUnmeasured == "" && n.InUse.CPUBestEffort > 0.05 {
 			break
 		}
 		if time.Now().After(deadline) {

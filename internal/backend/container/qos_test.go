@@ -50,9 +50,9 @@ func TestBestEffort(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The init, the daemon and its sleep, at least.
-		if len(pids) < 3 {
-			t.Errorf("%s: %d processes in %s, want the init, the daemon and its sleep", id, len(pids), d.Path)
+		// The init and the daemon at least (its sleeps come and go).
+		if len(pids) < 2 {
+			t.Errorf("%s: %d processes in %s, want the init and the daemon", id, len(pids), d.Path)
 		}
 		for _, pid := range pids {
 			if pol, err := qos.Policy(pid); err == nil && pol != want {
