@@ -42,10 +42,18 @@ func (f *File) Close() {
 // WriteInt writes v in decimal.
 func (f File) WriteInt(v int64) error { return f.WriteString(strconv.FormatInt(v, 10)) }
 
-// WriteString writes s in one write.
+// WriteString writes s in one write, again if a signal interrupted it:
+// a long one (memory.reclaim reclaiming a sandbox's memory) fails with
+// EINTR when a signal arrives meanwhile, and Go's runtime sends its
+// threads signals of its own (SIGURG, to preempt goroutines). The cgroup
+// v2 guest saw memory.reclaim fail so.
 func (f File) WriteString(s string) error {
-	_, err := unix.Pwrite(int(f), []byte(s), 0)
-	return err
+	for {
+		_, err := unix.Pwrite(int(f), []byte(s), 0)
+		if err != unix.EINTR {
+			return err
+		}
+	}
 }
 
 // ReadInt reads a file holding one integer. v2's "max" reads as -1.
