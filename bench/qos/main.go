@@ -130,6 +130,13 @@ func run(ctx context.Context, cfg config) error {
 	fmt.Printf("node: best-effort cgroups yield by %s; core scheduling: %s\n", nodes[0].QoS.Group, nodes[0].QoS.CoreScheduling)
 
 	lat := make([]string, cfg.latency)
+	defer func() {
+		for _, id := range lat {
+			if id != "" {
+				c.DeleteSandbox(context.Background(), id)
+			}
+		}
+	}()
 	for i := range lat {
 		sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Image: ref, Resources: api.Resources{CPU: 1, Memory: 256 << 20}})
 		if err != nil {
