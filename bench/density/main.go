@@ -25,14 +25,13 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/bench/internal/benchup"
+	"github.com/warrenhq/warren/bench/internal/hostmem"
 	"github.com/warrenhq/warren/bench/internal/stats"
 	"github.com/warrenhq/warren/client"
 )
@@ -56,6 +55,18 @@ func main() {
 	if err := run(context.Background(), cfg); err != nil {
 		log.Fatalf("bench/density: %v", err)
 	}
+}
+
+// memUsed is the host's memory in use (MemTotal - MemAvailable), bytes.
+func memUsed() (int64, error) {
+	m, err := hostmem.Read()
+	return m.Used(), err
+}
+
+// rss is process pid's resident memory, bytes.
+func rss(pid int) (int64, error) {
+	r, err := hostmem.ReadRollup(pid)
+	return r.RSS, err
 }
 
 func run(ctx context.Context, cfg config) error {
@@ -218,42 +229,4 @@ func execs(ctx context.Context, c *client.Client, ids []string, n int) (time.Dur
 		ds = append(ds, time.Since(t))
 	}
 	return stats.Pct(ds, 50), nil
-}
-
-// memUsed is the host's memory in use (MemTotal - MemAvailable), bytes.
-func memUsed() (int64, error) {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0, err
-	}
-	var total, avail int64
-	for _, l := range strings.Split(string(b), "\n") {
-		f := strings.Fields(l)
-		if len(f) < 2 {
-			continue
-		}
-		v, _ := strconv.ParseInt(f[1], 10, 64)
-		switch f[0] {
-		case "MemTotal:":
-			total = v << 10
-		case "MemAvailable:":
-			avail = v << 10
-		}
-	}
-	return total - avail, nil
-}
-
-// rss is process pid's resident memory, bytes.
-func rss(pid int) (int64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, fmt.Errorf("no VmRSS for %d", pid)
 }
