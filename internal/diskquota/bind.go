@@ -20,13 +20,11 @@ import (
 // credentials, which for the agent are root's. So on ext4, f runs on an OS
 // thread whose effective capabilities lack CAP_SYS_RESOURCE, and the
 // overlay records those. btrfs qgroups and xfs project quotas bind root
-// too: there, and for a zero l, f just runs.
+// too: there, and for a zero l, f keeps its capabilities. Either way f
+// runs on an OS thread of its own that ends with it, which it may change
+// for good (join a mount namespace: mountns.NS.Enter).
 func (q *Quota) Bind(l Limit, fsid int, f func() error) error {
-	dropResource := !l.IsZero() && q.mech == Ext4
-	if !dropResource && fsid < 0 {
-		return f()
-	}
-	return OnThread(fsid, dropResource, f)
+	return OnThread(fsid, !l.IsZero() && q.mech == Ext4, f)
 }
 
 // OnThread runs f on a fresh OS thread with filesystem uid and gid fsid

@@ -135,6 +135,7 @@ func TestCreateValidation(t *testing.T) {
 		{"negative cpu", api.CreateSandboxRequest{Image: "busybox", Resources: api.Resources{CPU: -1}}, errdefs.ErrInvalid, ""},
 		{"huge cpu", api.CreateSandboxRequest{Image: "busybox", Resources: api.Resources{CPU: 1e6}}, errdefs.ErrInvalid, ""},
 		{"tiny memory", api.CreateSandboxRequest{Image: "busybox", Resources: api.Resources{Memory: 1024}}, errdefs.ErrInvalid, ""},
+		{"memory under 16Mi", api.CreateSandboxRequest{Image: "busybox", Resources: api.Resources{Memory: 12 << 20}}, errdefs.ErrInvalid, ""},
 		{"huge memory", api.CreateSandboxRequest{Image: "busybox", Resources: api.Resources{Memory: 1 << 60}}, errdefs.ErrInvalid, ""},
 		{"few pids", api.CreateSandboxRequest{Image: "busybox", Resources: api.Resources{PIDs: 2}}, errdefs.ErrInvalid, ""},
 		{"short ttl", api.CreateSandboxRequest{Image: "busybox", TTL: api.Duration(time.Millisecond)}, errdefs.ErrInvalid, ""},

@@ -143,7 +143,7 @@ func TestChangesFoldToList(t *testing.T) {
 		defer close(done)
 		var prev string
 		for range 100 {
-			sb, err := a.Create(ctx, api.CreateSandboxRequest{Image: "busybox", Resources: api.Resources{CPU: 0.01, Memory: 8 << 20}})
+			sb, err := a.Create(ctx, api.CreateSandboxRequest{Image: "busybox", Resources: api.Resources{CPU: 0.01, Memory: 16 << 20}})
 			if err != nil {
 				t.Error(err)
 				return

@@ -93,7 +93,7 @@ func TestAdmissionRealUse(t *testing.T) {
 	a.meter.mu.Lock()
 	a.meter.cpu = 0
 	a.meter.mu.Unlock()
-	big := api.CreateSandboxRequest{Image: "busybox", Resources: api.Resources{CPU: 2, Memory: 8 << 20}}
+	big := api.CreateSandboxRequest{Image: "busybox", Resources: api.Resources{CPU: 2, Memory: 16 << 20}}
 	a.mu.Lock()
 	a.reserved.cpu = 99
 	a.mu.Unlock()

@@ -1,6 +1,7 @@
 package backendtest
 
 import (
+	"bytes"
 	"fmt"
 	"slices"
 	"strings"
@@ -76,6 +77,11 @@ func (s *suite) testRecover(t *testing.T) {
 	if s.caps.Exec {
 		s.shOK(t, running.ID, "mkdir -p rec && echo kept > rec/marker")
 	}
+	if s.caps.Files {
+		if err := s.b.(backend.Files).WriteFile(c, running.ID, "/rec-file", 0o644, strings.NewReader("before")); err != nil {
+			t.Fatalf("WriteFile: %v", err)
+		}
+	}
 	stopped := s.spec(t)
 	s.create(t, s.b, stopped)
 	if err := s.b.Start(c, stopped.ID); err != nil {
@@ -96,6 +102,21 @@ func (s *suite) testRecover(t *testing.T) {
 	if s.caps.Exec {
 		if got := s2.shOK(t, running.ID, "cat rec/marker"); got != "kept\n" {
 			t.Errorf("exec after recovery: got %q, want %q", got, "kept\n")
+		}
+	}
+	if s.caps.Files {
+		// The files of a sandbox an earlier process created, both ways.
+		f := b2.(backend.Files)
+		var b bytes.Buffer
+		if err := f.ReadFile(c, running.ID, "/rec-file", &b); err != nil || b.String() != "before" {
+			t.Errorf("ReadFile after recovery = %q, %v; want %q", b.String(), err, "before")
+		}
+		if err := f.WriteFile(c, running.ID, "/rec-file", 0o644, strings.NewReader("after")); err != nil {
+			t.Errorf("WriteFile after recovery: %v", err)
+		} else if s.caps.Exec {
+			if got := s2.shOK(t, running.ID, "cat /rec-file"); got != "after" {
+				t.Errorf("a file written after recovery, read inside: %q, want %q", got, "after")
+			}
 		}
 	}
 	if st, err := b2.Recover(c, running); err != nil || st.State != backend.StateRunning {

@@ -38,6 +38,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -315,6 +316,9 @@ type sandbox struct {
 
 	ids *idRange // its user namespace's ids; nil: none (the host's)
 
+	rootMu sync.RWMutex
+	root   *os.File // a detached clone of its root mount (mountns); nil once destroyed
+
 	filterMu sync.Mutex
 	filters  [][]byte // the init's seccomp filters (initFilters), read on first exec
 
@@ -328,8 +332,40 @@ func validID(id string) error { return backend.ValidID(id) }
 
 func (c *Container) dir(id string) string { return filepath.Join(c.sandboxDir, id) }
 
-// rootDir is where the sandbox's merged root is mounted on the host.
+// rootDir is where the sandbox's merged root is mounted in the namespace
+// the runtime starts it in (mountns), and the runtime's bundle root. It
+// is no mount on the host (but was, for agents before mountns).
 func (c *Container) rootDir(id string) string { return filepath.Join(c.sandboxDir, id, "rootfs") }
+
+// withRoot runs f on the sandbox's merged root, named by a path of f's
+// own: /proc/self/fd/N of a duplicate of s.root, so that a Destroy
+// meanwhile cannot hand N to another file.
+func (s *sandbox) withRoot(f func(root string) error) error {
+	s.rootMu.RLock()
+	if s.root == nil {
+		s.rootMu.RUnlock()
+		return errdefs.New(errdefs.ErrConflict, "sandbox_no_root", "sandbox %s has no root filesystem: it stopped while the node agent was down, or is being destroyed", s.spec.ID)
+	}
+	fd, err := unix.FcntlInt(s.root.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	s.rootMu.RUnlock()
+	if err != nil {
+		return fmt.Errorf("sandbox %s: root: %w", s.spec.ID, err)
+	}
+	defer unix.Close(fd)
+	return f("/proc/self/fd/" + strconv.Itoa(fd))
+}
+
+// closeRoot drops the agent's hold on the sandbox's root.
+func (s *sandbox) closeRoot() error {
+	s.rootMu.Lock()
+	defer s.rootMu.Unlock()
+	if s.root == nil {
+		return nil
+	}
+	err := s.root.Close()
+	s.root = nil
+	return err
+}
 
 // get returns a created or recovered sandbox. ErrNotFound if unknown,
 // ErrConflict while it is being created.

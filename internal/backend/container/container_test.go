@@ -687,7 +687,12 @@ func TestUserNS(t *testing.T) {
 		if err := unix.Stat(filepath.Join(h.c.writableDir("uns-1"), "upper", "tmp", name), &st); err != nil || st.Uid != want {
 			t.Errorf("upper/tmp/%s on disk: uid %d, %v; want %d", name, st.Uid, err, want)
 		}
-		if err := unix.Stat(filepath.Join(h.c.rootDir("uns-1"), "tmp", name), &st); err != nil || uint64(st.Uid) != base+uint64(want) {
+		sb, err := h.c.get("uns-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = sb.withRoot(func(root string) error { return unix.Stat(filepath.Join(root, "tmp", name), &st) })
+		if err != nil || uint64(st.Uid) != base+uint64(want) {
 			t.Errorf("rootfs/tmp/%s from the host: uid %d, %v; want %d", name, st.Uid, err, base+uint64(want))
 		}
 	}
@@ -869,6 +874,15 @@ func TestRecover(t *testing.T) {
 	}
 	if got := h.sh("rec-1", "cat /tmp/state"); got != "kept" {
 		t.Errorf("state after recover: %q", got)
+	}
+	// Its mounts are in its own namespace only (package mountns): none in
+	// the host's table; the new process reaches its files all the same.
+	if m := mountsUnder(t, h.c.sandboxDir); len(m) != 0 {
+		t.Errorf("sandbox mounts in the host's mount table: %q", m)
+	}
+	var b bytes.Buffer
+	if err := h.c.ReadFile(ctx, "rec-1", "/tmp/state", &b); err != nil || b.String() != "kept\n" {
+		t.Errorf("ReadFile after recover: %q, %v", b.String(), err)
 	}
 	if st, err := h.c.Recover(ctx, created); err != nil || st.State != backend.StateCreated {
 		t.Errorf("recover created: %+v, %v", st, err)

@@ -70,7 +70,7 @@ func (c *Container) Exec(ctx context.Context, id string, req backend.ExecRequest
 	}
 	var uid, gid uint32 // "" is root: no need to read /etc/passwd
 	if req.User != "" {
-		if uid, gid, err = rootfs.LookupUser(c.userDB(id, s), req.User); err != nil {
+		if uid, gid, err = c.lookupUser(s, req.User); err != nil {
 			// Unknown users are the caller's mistake, whatever kind
 			// of error the lookup reported.
 			return backend.ExecResult{}, errdefs.Invalid("exec in %s: user %q: %v", id, req.User, err)
@@ -447,13 +447,13 @@ func (x *entered) close() {
 	closeAll(x.readers)
 }
 
-// userDB is the directory whose etc/passwd and etc/group an exec's user
-// name resolves against: the topmost of the sandbox's layers that has an
+// lookupUser resolves an exec's user name against the etc/passwd and
+// etc/group of the topmost of the sandbox's layers that has an
 // etc/passwd, the environment as it was built. Never the sandbox's merged
 // root: an agent that rewrote its /etc/passwd (nobody with uid 0) must
 // not decide whom the platform's `exec -u nobody` runs as. Without such a
 // layer (or its mount), the merged root.
-func (c *Container) userDB(id string, s *sandbox) string {
+func (c *Container) lookupUser(s *sandbox, user string) (uid, gid uint32, err error) {
 	layers := s.spec.Layers
 	for i := len(layers) - 1; i >= 0; i-- {
 		mp, err := c.cfg.Mounts.Path(layers[i].Digest)
@@ -461,10 +461,14 @@ func (c *Container) userDB(id string, s *sandbox) string {
 			continue
 		}
 		if fi, err := os.Lstat(filepath.Join(mp, "etc", "passwd")); err == nil && fi.Mode().IsRegular() {
-			return mp
+			return rootfs.LookupUser(mp, user)
 		}
 	}
-	return c.rootDir(id)
+	err = s.withRoot(func(root string) (err error) {
+		uid, gid, err = rootfs.LookupUser(root, user)
+		return err
+	})
+	return uid, gid, err
 }
 
 // execCleanupTimeout bounds what ending an exec may take (evacuating what

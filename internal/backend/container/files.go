@@ -9,17 +9,23 @@ import (
 	"github.com/warrenhq/warren/internal/rootfs"
 )
 
-// The file calls work on the sandbox's merged root as the host sees it,
-// through package rootfs, which resolves every path inside it. They see
+// The file calls work on the sandbox's merged root as the agent holds it
+// (a detached clone of its mount: sandbox.withRoot), through package rootfs, which resolves every path inside it. They see
 // what the sandbox wrote to its root filesystem, not to the tmpfs mounts
 // that exist only in its mount namespace (/dev, /dev/shm).
 
 // Stat describes path inside the sandbox.
 func (c *Container) Stat(ctx context.Context, id, path string) (backend.FileInfo, error) {
-	if _, err := c.get(id); err != nil {
+	s, err := c.get(id)
+	if err != nil {
 		return backend.FileInfo{}, err
 	}
-	return rootfs.Stat(c.rootDir(id), path)
+	var fi backend.FileInfo
+	err = s.withRoot(func(root string) (err error) {
+		fi, err = rootfs.Stat(root, path)
+		return err
+	})
+	return fi, err
 }
 
 // WriteFile creates or replaces a regular file inside the sandbox.
@@ -28,7 +34,9 @@ func (c *Container) WriteFile(ctx context.Context, id, path string, mode uint32,
 	if err != nil {
 		return err
 	}
-	return asSandboxRoot(s, func() error { return rootfs.WriteFile(c.rootDir(id), path, mode, r) })
+	return s.withRoot(func(root string) error {
+		return asSandboxRoot(s, func() error { return rootfs.WriteFile(root, path, mode, r) })
+	})
 }
 
 // asSandboxRoot runs f, which writes into the sandbox's root from the
@@ -44,10 +52,11 @@ func asSandboxRoot(s *sandbox, f func() error) error {
 
 // ReadFile streams a regular file of the sandbox to w.
 func (c *Container) ReadFile(ctx context.Context, id, path string, w io.Writer) error {
-	if _, err := c.get(id); err != nil {
+	s, err := c.get(id)
+	if err != nil {
 		return err
 	}
-	return rootfs.ReadFile(c.rootDir(id), path, w)
+	return s.withRoot(func(root string) error { return rootfs.ReadFile(root, path, w) })
 }
 
 // WriteTar extracts a tar stream under dir inside the sandbox.
@@ -56,7 +65,9 @@ func (c *Container) WriteTar(ctx context.Context, id, dir string, r io.Reader) e
 	if err != nil {
 		return err
 	}
-	return asSandboxRoot(s, func() error { return rootfs.WriteTarShifted(c.rootDir(id), dir, r, s.idShift()) })
+	return s.withRoot(func(root string) error {
+		return asSandboxRoot(s, func() error { return rootfs.WriteTarShifted(root, dir, r, s.idShift()) })
+	})
 }
 
 // ReadTar writes path inside the sandbox to w as a tar stream.
@@ -65,5 +76,5 @@ func (c *Container) ReadTar(ctx context.Context, id, path string, w io.Writer) e
 	if err != nil {
 		return err
 	}
-	return rootfs.ReadTarShifted(c.rootDir(id), path, w, s.idShift())
+	return s.withRoot(func(root string) error { return rootfs.ReadTarShifted(root, path, w, s.idShift()) })
 }

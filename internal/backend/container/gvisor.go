@@ -175,8 +175,9 @@ func (c *Container) readRunscState(id string) (*runtimeState, error) {
 		return nil, err
 	}
 	var st struct {
-		Status  string `json:"status"`
-		Sandbox struct {
+		Status   string `json:"status"`
+		GoferPid int    `json:"goferPid"`
+		Sandbox  struct {
 			Pid int `json:"pid"`
 		} `json:"sandbox"`
 	}
@@ -187,7 +188,7 @@ func (c *Container) readRunscState(id string) (*runtimeState, error) {
 	if err != nil {
 		return nil, err
 	}
-	rs := &runtimeState{InitPid: st.Sandbox.Pid, Created: st.Status == "created", CgroupPaths: map[string]string{}}
+	rs := &runtimeState{InitPid: st.Sandbox.Pid, RootPid: st.GoferPid, Created: st.Status == "created", CgroupPaths: map[string]string{}}
 	path := c.cgroupRel(id, false)
 	if be := c.cgroupRel(id, true); len(l.Paths(be)) > 0 && l.Paths(be)[0].Exists() {
 		path = be
@@ -227,8 +228,9 @@ func (c *Container) sentryStart(pid int, id string) uint64 {
 }
 
 // gvisorSpec adapts a sandbox's OCI spec to gVisor (see the top of this
-// file).
-func (c *Container) gvisorSpec(oci *specs.Spec, spec backend.Spec, root string) {
+// file). root is its root's path in the bundle, held the agent's way to
+// it (sandbox.withRoot).
+func (c *Container) gvisorSpec(oci *specs.Spec, spec backend.Spec, root, held string) {
 	for i, m := range oci.Mounts {
 		switch m.Destination {
 		case "/dev":
@@ -242,7 +244,7 @@ func (c *Container) gvisorSpec(oci *specs.Spec, spec backend.Spec, root string) 
 		}
 	}
 	// A directory, not a symlink: the gofer would follow that on the host.
-	if fi, err := os.Lstat(filepath.Join(root, "tmp")); err == nil && fi.IsDir() {
+	if fi, err := os.Lstat(filepath.Join(held, "tmp")); err == nil && fi.IsDir() {
 		oci.Mounts = append(oci.Mounts, specs.Mount{Destination: "/tmp", Type: "bind", Source: filepath.Join(root, "tmp"), Options: []string{"bind", "rw"}})
 	}
 	if c.shell.file != nil {

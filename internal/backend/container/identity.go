@@ -6,13 +6,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/internal/errdefs"
-	"github.com/warrenhq/warren/internal/osthread"
+	"github.com/warrenhq/warren/internal/mountns"
 	"github.com/warrenhq/warren/internal/rootfs"
 )
 
@@ -45,56 +44,55 @@ func newUUID() string {
 }
 
 // giveIdentity gives the created (not yet started) sandbox, whose init
-// is pid, its machine id and boot id.
-func (c *Container) giveIdentity(s *sandbox, pid int) error {
-	root := c.rootDir(s.spec.ID)
-	if fi, err := rootfs.Stat(root, "/etc"); err == nil && fi.IsDir {
+// is pid and whose root is mounted at rootDir in scratch (where the
+// runtime created it), its machine id and boot id.
+func (c *Container) giveIdentity(s *sandbox, scratch *mountns.NS, pid int) error {
+	err := s.withRoot(func(root string) error {
+		fi, err := rootfs.Stat(root, "/etc")
+		if err != nil || !fi.IsDir {
+			return nil
+		}
 		id := make([]byte, 16)
 		rand.Read(id)
 		mid := []byte(hex.EncodeToString(id) + "\n")
-		err := asSandboxRoot(s, func() error { return rootfs.WriteFile(root, "/etc/machine-id", 0o444, bytes.NewReader(mid)) })
-		if err != nil && !errors.Is(err, errdefs.ErrInvalid) { // /etc/machine-id a directory, say: the image's business
-			return fmt.Errorf("machine id: %w", err)
-		}
+		return asSandboxRoot(s, func() error { return rootfs.WriteFile(root, "/etc/machine-id", 0o444, bytes.NewReader(mid)) })
+	})
+	if err != nil && !errors.Is(err, errdefs.ErrInvalid) { // /etc/machine-id a directory, say: the image's business
+		return fmt.Errorf("machine id: %w", err)
 	}
 	if s.rt.gvisor() {
 		return nil
 	}
 	// From the sandbox's own platform files, through its root: the
 	// mount table inside names /.warren/boot_id, no host path.
-	return bindInto(pid, filepath.Join(root, platformSub, bootIDFile), "/proc/sys/kernel/random/boot_id")
+	return bindInto(scratch, pid, filepath.Join(c.rootDir(s.spec.ID), platformSub, bootIDFile), "/proc/sys/kernel/random/boot_id")
 }
 
-// bindInto binds the host file src read-only onto target in the mount
-// namespace of process pid: a detached clone of src (open_tree), made
-// read-only, then moved there from a thread that joined that namespace
-// and ends with it (osthread).
-func bindInto(pid int, src, target string) error {
-	tree, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+// bindInto binds the file src of mount namespace from read-only onto
+// target in the mount namespace of process pid: a detached clone of src
+// (open_tree, made in from: a mount can be cloned only in its own
+// namespace), made read-only, then moved there from a thread that joined
+// that namespace and ends with it.
+func bindInto(from *mountns.NS, pid int, src, target string) error {
+	tree, err := from.Clone(unix.AT_FDCWD, src, 0)
 	if err != nil {
-		return fmt.Errorf("bind %s: open_tree: %w", target, err)
+		return fmt.Errorf("bind %s: %w", target, err)
 	}
-	defer unix.Close(tree)
+	defer tree.Close()
 	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC}
-	if err := unix.MountSetattr(tree, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+	if err := unix.MountSetattr(int(tree.Fd()), "", unix.AT_EMPTY_PATH, &attr); err != nil {
 		return fmt.Errorf("bind %s: mount_setattr: %w", target, err)
 	}
-	ns, err := os.Open(fmt.Sprintf("/proc/%d/ns/mnt", pid))
+	to, err := mountns.Of(pid)
 	if err != nil {
 		return fmt.Errorf("bind %s: %w", target, err)
 	}
-	defer ns.Close()
-	err = osthread.Run(func() error {
-		if err := unix.Unshare(unix.CLONE_FS); err != nil {
-			return fmt.Errorf("unshare fs: %w", err)
-		}
-		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNS); err != nil {
-			return fmt.Errorf("join mount namespace: %w", err)
-		}
-		return unix.MoveMount(tree, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH)
+	defer to.Close()
+	err = to.Run(func() error {
+		return unix.MoveMount(int(tree.Fd()), "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH)
 	})
 	if err != nil {
-		return fmt.Errorf("bind %s: %w", target, err)
+		return fmt.Errorf("bind %s: move_mount: %w", target, err)
 	}
 	return nil
 }

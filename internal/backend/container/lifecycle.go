@@ -13,10 +13,12 @@ import (
 	"syscall"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/mountns"
 )
 
 // Create mounts the sandbox's root (an overlay of its layers with a fresh
@@ -99,9 +101,17 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 		s.layers = append(s.layers, l.Digest)
 		lower[len(lower)-1-i] = mp // overlayfs wants the top layer first
 	}
+	// Every mount of the sandbox is made in a scratch namespace, in
+	// which the runtime then starts it (mountns): the host's mount table
+	// never sees them, and they go with the container's namespace. It
+	// is a copy of the host's taken now, with the layers' mounts in it.
+	scratch, err := mountns.New()
+	if err != nil {
+		return fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	defer scratch.Close()
 	if c.UserNS() == nil && !rt.gvisor() { // the sentry has a user namespace of its own
-		undo = append(undo, func() error { return c.unmountIdmaps(id) })
-		if lower, upper, work, err = c.setupUserNS(s, lower, rw); err != nil {
+		if lower, upper, work, err = c.setupUserNS(scratch, s, lower, rw); err != nil {
 			return fmt.Errorf("create sandbox %s: %w", id, err)
 		}
 		if s.ids != nil {
@@ -129,12 +139,26 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 	// Bind: on ext4 the overlay must not write as root with CAP_SYS_RESOURCE,
 	// or it would pass the disk limit (disk.go); in a user namespace it
 	// writes as the sandbox's root.
-	if err := c.quota.Bind(diskLimit(spec.Resources), s.fsid(), func() error { return mountOverlay(lower, upper, work, root) }); err != nil {
+	err = c.quota.Bind(diskLimit(spec.Resources), s.fsid(), func() error {
+		if err := scratch.Enter(); err != nil {
+			return err
+		}
+		return mountOverlay(lower, upper, work, root)
+	})
+	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
-	undo = append(undo, func() error { return unmountAll(root) })
+	// The agent's way to the sandbox's files (withRoot).
+	if s.root, err = scratch.Clone(unix.AT_FDCWD, root, 0); err != nil {
+		return fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	undo = append(undo, func() error { return s.closeRoot() })
 
-	oci, err := c.ociSpec(rt, spec, root, s.ids)
+	var oci *specs.Spec
+	err = s.withRoot(func(held string) (err error) {
+		oci, err = c.ociSpec(rt, spec, root, held, s.ids)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
@@ -150,7 +174,7 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 	// Undo covers a half-done create too: the runtime may leave state or
 	// cgroups behind when it fails late.
 	undo = append(undo, func() error { return c.deleteRuntime(context.WithoutCancel(ctx), id, s) })
-	if err := rt.create(ctx, id, dir); err != nil {
+	if err := rt.create(ctx, id, dir, scratch); err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	st, err := c.readState(rt, id)
@@ -161,7 +185,7 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
-	if err := c.giveIdentity(s, st.InitPid); err != nil { // identity.go
+	if err := c.giveIdentity(s, scratch, st.InitPid); err != nil { // identity.go
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	if spec.BestEffort {
@@ -409,6 +433,11 @@ func (c *Container) Destroy(ctx context.Context, id string) error {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}
 	var errs []error
+	if s != nil {
+		s.closeRoot()
+	}
+	// Agents before mountns mounted roots and idmapped clones on the
+	// host; a sandbox of theirs is still here after an upgrade.
 	root := c.rootDir(id)
 	if err := unmountAll(root); err != nil {
 		errs = append(errs, err)
@@ -598,11 +627,10 @@ func (c *Container) Recover(ctx context.Context, spec backend.Spec) (backend.Sta
 		s.ids = &r
 		c.ids.mark(id, r)
 	}
-	if ok, _ := isMountpoint(c.rootDir(id)); !ok {
-		reasons = append(reasons, "root filesystem is not mounted on the host")
-	}
+	rootPid := 0
 	if st, err := c.readState(rt, id); err == nil {
 		s.init = initProc{pid: st.InitPid, start: st.InitStart}
+		rootPid = st.RootPid
 		if cg, err := execCgroupOf(st.CgroupPaths); err == nil {
 			s.cg, s.cgPath = cg, st.CgroupPaths
 		} else {
@@ -610,6 +638,14 @@ func (c *Container) Recover(ctx context.Context, spec backend.Spec) (backend.Sta
 		}
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
 		reasons = append(reasons, err.Error())
+	}
+	// Its root is mounted only in its own namespace now: while its init
+	// lives, get a clone from there. (A stopped sandbox's files are gone
+	// with it; what it wrote stays in its upper dir, for a snapshot.)
+	if s.init.alive() {
+		if s.root, err = adoptRoot(rootPid); err != nil {
+			reasons = append(reasons, err.Error())
+		}
 	}
 	c.mu.Lock()
 	s.ready = true
@@ -622,6 +658,43 @@ func (c *Container) Recover(ctx context.Context, spec backend.Spec) (backend.Sta
 		status.Reason = strings.TrimPrefix(status.Reason, "; ")
 	}
 	return status, nil
+}
+
+// adoptRoot returns a detached clone of the root mount of process pid,
+// whose root is a sandbox's (runtimeState.RootPid): how an agent that
+// restarted gets back to the files of a sandbox an earlier one created.
+// It must be an overlay, as every sandbox root is.
+func adoptRoot(pid int) (*os.File, error) {
+	if pid <= 0 {
+		return nil, errors.New("root filesystem: the runtime names no process that has it")
+	}
+	_, start, err := procStat(pid)
+	if err != nil {
+		return nil, fmt.Errorf("root filesystem: %w", err)
+	}
+	fd, err := unix.Open(fmt.Sprintf("/proc/%d/root", pid), unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("root filesystem: %w", err)
+	}
+	defer unix.Close(fd)
+	ns, err := mountns.Of(pid)
+	if err != nil {
+		return nil, fmt.Errorf("root filesystem: %w", err)
+	}
+	defer ns.Close()
+	if !(initProc{pid: pid, start: start}).alive() { // the same process all along
+		return nil, errors.New("root filesystem: its process exited")
+	}
+	root, err := ns.Clone(fd, "", unix.AT_EMPTY_PATH)
+	if err != nil {
+		return nil, fmt.Errorf("root filesystem: %w", err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(root.Fd()), &st); err != nil || st.Type != unix.OVERLAYFS_SUPER_MAGIC {
+		root.Close()
+		return nil, fmt.Errorf("root filesystem: not the sandbox's overlay (type %#x, %v)", st.Type, err)
+	}
+	return root, nil
 }
 
 // isMountpoint reports whether dir is the root of a mount: its device

@@ -41,7 +41,7 @@ func (c *Container) readRuncState(id string) (*runtimeState, error) {
 		return nil, err
 	}
 	return &runtimeState{InitPid: st.InitPid, InitStart: st.InitStart, CgroupPaths: st.CgroupPaths,
-		Created: exists(c.runcFifo(id))}, nil
+		Created: exists(c.runcFifo(id)), RootPid: st.InitPid}, nil
 }
 
 // runcFifo is runc's exec fifo of id.

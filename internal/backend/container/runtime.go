@@ -15,6 +15,7 @@ import (
 
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/mountns"
 )
 
 // The runtimes a sandbox can run under (backend.Spec.Runtime).
@@ -77,8 +78,9 @@ func (r *ociRuntime) output(ctx context.Context, args ...string) ([]byte, error)
 // (runc's log and runsc's error log alike are JSON lines) instead of a
 // pipe they would hold open forever. It also starts a session of its
 // own: a signal to the agent's process group (Ctrl-C in a terminal) must
-// not reach the sandboxes.
-func (r *ociRuntime) create(ctx context.Context, id, bundle string) error {
+// not reach the sandboxes. It runs in mount namespace in, where the
+// bundle's root is mounted (mountns).
+func (r *ociRuntime) create(ctx context.Context, id, bundle string, in *mountns.NS) error {
 	logPath := filepath.Join(bundle, "runtime.log")
 	cmd := r.command(ctx, "--log", logPath, "--log-format", "json", "create", "--bundle", bundle, id)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -90,7 +92,7 @@ func (r *ociRuntime) create(ctx context.Context, id, bundle string) error {
 		defer f.Close()
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = f, f, f
 	}
-	if err := cmd.Run(); err != nil {
+	if err := in.RunCmd(cmd); err != nil {
 		if msg := lastLoggedError(logPath); msg != "" {
 			return fmt.Errorf("%s create: %s", filepath.Base(r.path), msg)
 		}
@@ -141,6 +143,7 @@ type runtimeState struct {
 	InitStart   uint64            // /proc/<pid>/stat field 22, see initProc
 	CgroupPaths map[string]string // hierarchy (controller, "" for v2) -> directory
 	Created     bool              // created, not yet started
+	RootPid     int               // a process whose root is the sandbox's (runc: the init; runsc: the gofer), 0 if unknown
 }
 
 // readState reads the runtime's state for id. ErrNotFound if it has none.

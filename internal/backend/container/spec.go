@@ -61,8 +61,9 @@ func hasCap(c int) bool {
 }
 
 // ociSpec is the runtime configuration of a sandbox whose merged root is
-// mounted at rootfs, for runtime r.
-func (c *Container) ociSpec(r *ociRuntime, spec backend.Spec, rootfs string, ids *idRange) (*specs.Spec, error) {
+// mounted at rootfs (in the namespace the runtime runs in; the agent
+// reaches it at held), for runtime r.
+func (c *Container) ociSpec(r *ociRuntime, spec backend.Spec, rootfs, held string, ids *idRange) (*specs.Spec, error) {
 	res := &specs.LinuxResources{
 		// Deny every device; runc adds back the standard ones it creates
 		// in /dev (null, zero, full, random, urandom, tty, ptmx).
@@ -151,7 +152,7 @@ func (c *Container) ociSpec(r *ociRuntime, spec backend.Spec, rootfs string, ids
 	s.Process.Capabilities = &specs.LinuxCapabilities{}
 	s.Process.ApparmorProfile = c.apparmor
 	if r.gvisor() {
-		c.gvisorSpec(s, spec, rootfs)
+		c.gvisorSpec(s, spec, rootfs, held)
 	}
 	return s, nil
 }

@@ -66,7 +66,7 @@ func TestSweep(t *testing.T) {
 	}
 	all := strings.Join(removed, "\n")
 	for _, want := range []string{"container init", "runc state " + filepath.Join(c2.cfg.RuncRoot, "orph-1"),
-		"mount " + c2.rootDir("orph-1"), "directory " + c2.dir("orph-1"), "cgroup " + orphanCgroup,
+		"directory " + c2.dir("orph-1"), "cgroup " + orphanCgroup,
 		"cgroup " + filepath.Join(hiers[0].Path, "orph-1")} {
 		if !strings.Contains(all, want) {
 			t.Errorf("removed does not list %q:\n%s", want, all)

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/mountns"
 )
 
 // User namespaces: each sandbox runs in a user namespace of its own whose
@@ -24,7 +25,8 @@ import (
 // does it before runc sees the root: every layer (shared by all sandboxes,
 // stored with the image's own ids) and the sandbox's writable directory
 // get an idmapped clone (open_tree + mount_setattr MOUNT_ATTR_IDMAP) under
-// the sandbox's directory, and the overlay is stacked on those, mounted
+// the sandbox's directory, in the namespace the sandbox is created in
+// (package mountns; never the host's), and the overlay is stacked on those, mounted
 // with the sandbox root's host id as its filesystem id (the overlay writes
 // its upper layer with its mounter's credentials). Nothing is chowned,
 // ever: the upper layer on disk holds the sandbox's own ids, as a layer
@@ -214,7 +216,9 @@ func idmapMount(src, dst string, ns *os.File) error {
 	return nil
 }
 
-// unmountIdmaps unmounts the sandbox's idmapped clones (after its root).
+// unmountIdmaps unmounts the sandbox's idmapped clones (after its root)
+// where an agent before mountns mounted them on the host, and removes
+// their mount points.
 func (c *Container) unmountIdmaps(id string) error {
 	dir := filepath.Join(c.dir(id), idmapDir)
 	entries, err := os.ReadDir(dir)
@@ -294,7 +298,7 @@ func (s *sandbox) fsid() int {
 // those. Where the kernel cannot idmap a layer's filesystem (EROFS before
 // 5.19ish), it says so once (usernsErr) and s goes without: the paths come
 // back as they were.
-func (c *Container) setupUserNS(s *sandbox, lower []string, rw string) (_ []string, upper, work string, err error) {
+func (c *Container) setupUserNS(scratch *mountns.NS, s *sandbox, lower []string, rw string) (_ []string, upper, work string, err error) {
 	id := s.spec.ID
 	upper, work = filepath.Join(rw, "upper"), filepath.Join(rw, "work")
 	r, err := c.ids.alloc(id)
@@ -318,16 +322,16 @@ func (c *Container) setupUserNS(s *sandbox, lower []string, rw string) (_ []stri
 	mapped := make([]string, len(lower))
 	for i, l := range lower {
 		mapped[i] = filepath.Join(dir, strconv.Itoa(i))
-		if err := idmapMount(l, mapped[i], ns); err != nil {
+		if err := scratch.Run(func() error { return idmapMount(l, mapped[i], ns) }); err != nil {
 			if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) || errors.Is(err, unix.EOPNOTSUPP) {
 				c.disableUserNS(fmt.Errorf("cannot idmap layers: %w", err))
-				return lower, upper, work, c.unmountIdmaps(id)
+				return lower, upper, work, nil // what was mounted goes with scratch
 			}
 			return nil, "", "", err
 		}
 	}
 	mrw := filepath.Join(dir, "rw")
-	if err := idmapMount(rw, mrw, ns); err != nil {
+	if err := scratch.Run(func() error { return idmapMount(rw, mrw, ns) }); err != nil {
 		return nil, "", "", err
 	}
 	if err := writeIDs(c.dir(id), r); err != nil {
