@@ -13,6 +13,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/bench/internal/benchup"
+	"github.com/warrenhq/warren/bench/internal/hostcpu"
 	"github.com/warrenhq/warren/bench/internal/stats"
 	"github.com/warrenhq/warren/client"
 )
@@ -59,7 +60,7 @@ func burst(ctx context.Context, cfg config, d *benchup.Daemon, dataDir string, s
 		return nil, err
 	}
 	out := &result{first: make([]time.Duration, cfg.n), task: make([]time.Duration, cfg.n)}
-	busy0, total0, err := cpuTimes()
+	busy0, total0, err := hostcpu.Times()
 	if err != nil {
 		return nil, err
 	}
@@ -114,7 +115,7 @@ func burst(ctx context.Context, cfg config, d *benchup.Daemon, dataDir string, s
 	}
 	wg.Wait()
 	out.burst = time.Since(start)
-	if busy1, total1, err := cpuTimes(); err == nil && total1 > total0 {
+	if busy1, total1, err := hostcpu.Times(); err == nil && total1 > total0 {
 		out.cpuBusy = float64(busy1-busy0) / float64(total1-total0)
 	}
 	close(errs)
@@ -158,31 +159,6 @@ func agentWrites(d *benchup.Daemon, dataDir string) (int64, error) {
 		n += m
 	}
 	return n, nil
-}
-
-// cpuTimes returns the host's busy and total CPU time so far, in clock
-// ticks (/proc/stat: idle and iowait are not busy).
-func cpuTimes() (busy, total int64, err error) {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0, 0, err
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line)
-	if len(f) < 6 || f[0] != "cpu" {
-		return 0, 0, fmt.Errorf("/proc/stat: %q", line)
-	}
-	for i, v := range f[1:] {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			return 0, 0, fmt.Errorf("/proc/stat: %q", line)
-		}
-		total += n
-		if i != 3 && i != 4 { // idle, iowait
-			busy += n
-		}
-	}
-	return busy, total, nil
 }
 
 // writeBytes is the bytes process pid has caused to be written to disk

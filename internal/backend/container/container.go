@@ -210,6 +210,9 @@ func New(cfg Config) (*Container, error) {
 	if err := c.installInit(); err != nil {
 		return nil, fmt.Errorf("container backend: %w", err)
 	}
+	if err := os.MkdirAll(filepath.Join(c.platformDir(), platformSub, emptyDir), 0o555); err != nil {
+		return nil, fmt.Errorf("container backend: %w", err)
+	}
 	var err error
 	if c.devTemplate, err = c.makeDevTemplate(); err != nil {
 		return nil, fmt.Errorf("container backend: /dev template: %w", err)
@@ -440,5 +443,11 @@ func (c *Container) installInit() error {
 func (c *Container) platformDir() string { return filepath.Join(c.cfg.StateDir, "platform") }
 
 // platformSub is the directory the platform's files appear in, in every
-// sandbox's root (covered by an empty tmpfs once they are bound).
+// sandbox's root (covered by an empty directory once they are bound).
 const platformSub = ".warren"
+
+// emptyDir is an empty directory among the platform's files, bound
+// read-only over what a sandbox must not see (platformSub itself, masked
+// directories of /sys): a bind of what the sandbox's root already holds
+// costs no filesystem of its own, where a tmpfs would (ociSpec).
+const emptyDir = "empty"

@@ -52,8 +52,6 @@ func (m *MicroVM) cgroupPathsOf(id string, bestEffort bool) []cgroup.Dir {
 		}
 	}
 	if len(dirs) == 0 && l.Unified != "" {
-		// Unified: the controllers must be enabled down to the parent.
-		cgroup.EnableControllers(l.Unified, filepath.Dir(rel), "cpu", "memory", "pids")
 		dirs = append(dirs, cgroup.Dir{Path: filepath.Join(l.Unified, rel), V2: true})
 	}
 	return dirs
@@ -70,6 +68,14 @@ func (m *MicroVM) makeCgroup(s *sandbox) (hostCgroup, error) {
 	limit := mem + guestOverhead + qemuOverhead
 	cg := hostCgroup{dirs: m.cgroupPathsOf(s.spec.ID, s.spec.BestEffort)}
 	for _, d := range cg.dirs {
+		if d.V2 {
+			// Unified: the controllers must be enabled down to the
+			// parent (which this makes).
+			if l, err := cgroup.Host(); err == nil {
+				rel, _ := filepath.Rel(l.Unified, filepath.Dir(d.Path))
+				cgroup.EnableControllers(l.Unified, rel, "cpu", "memory", "pids")
+			}
+		}
 		if err := os.MkdirAll(d.Path, 0o755); err != nil {
 			return cg, fmt.Errorf("cgroup: %w", err)
 		}
