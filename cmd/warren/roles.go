@@ -225,10 +225,10 @@ func swapFlag(f *pflag.FlagSet, size *int64) {
 // limitFlags are what a node admits (node.Limits), for warren up and
 // warren agent alike.
 func limitFlags(f *pflag.FlagSet, l *node.Limits) {
-	f.IntVar(&l.Sandboxes, "max-sandboxes", 0, "sandboxes this node admits (0: one per 2Mi of the host's memory)")
+	f.IntVar(&l.Sandboxes, "max-sandboxes", 0, "sandboxes this node admits (0: one per 2Mi of the host's memory, and 2 open files each within the agent's limit)")
 	f.Float64Var(&l.CPUOvercommit, "cpu-overcommit", 0, "CPU requests may add up to this many times the node's cores (0: 50); latency creates are refused when its cores are 90% busy outside the best-effort class")
 	f.Float64Var(&l.MemoryOvercommit, "memory-overcommit", 0, "memory requests may add up to this many times the host's memory less the reserve, plus swap (0: 4); creates are refused when the memory in use would pass the host's less the reserve")
-	quantityVar(f, &l.Reserve, "memory-reserve", "memory kept for the host and the agent, e.g. 2Gi (0: 5% of the host's, at least 1Gi); past it best-effort sandboxes are paused, then evicted")
+	quantityVar(f, &l.Reserve, "memory-reserve", "memory kept for the host and the agent, e.g. 2Gi (0: 10% of the host's, at least 1Gi); past it best-effort sandboxes are paused, then evicted")
 }
 
 func reclaimFlag(f *pflag.FlagSet, d *time.Duration) {

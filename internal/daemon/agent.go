@@ -208,6 +208,7 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 	if cfg.Swap > 0 && cfg.Simulated == nil {
 		ensureSwap(cfg.Swap, log)
 	}
+	raiseOpenFiles(log)
 	agent, err := node.New(ctx, node.Config{
 		ID:             nodeID,
 		StateDir:       filepath.Join(nodeDir, "sandboxes"),
@@ -523,4 +524,12 @@ func reclaimIdle(d time.Duration) time.Duration {
 		return 0
 	}
 	return d
+}
+
+// raiseOpenFiles lifts the agent's open files limit (node.RaiseOpenFiles)
+// before the node's sandbox cap is derived from it.
+func raiseOpenFiles(log *slog.Logger) {
+	if n, err := node.RaiseOpenFiles(); err != nil {
+		log.Warn("cannot raise the open files limit: the node's sandbox cap follows it", "limit", n, "err", err)
+	}
 }

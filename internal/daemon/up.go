@@ -135,6 +135,7 @@ func Up(ctx context.Context, cfg UpConfig) error {
 	defer layers.Close()
 	network, netProblem, stopNetwork := startNetwork(ctx, cfg.Network, filepath.Join(nodeDir, "network"), nil, log)
 	defer stopNetwork()
+	raiseOpenFiles(log)
 	agent, err := node.New(ctx, node.Config{
 		ID:             nodeID,
 		StateDir:       filepath.Join(nodeDir, "sandboxes"),

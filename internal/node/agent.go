@@ -23,9 +23,12 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/backend"
@@ -77,7 +80,7 @@ type Limits struct {
 	MemoryOvercommit float64
 	CPU              float64 // cores requests may add up to (default CPUOvercommit x Cores)
 	Memory           int64   // bytes memory limits may add up to (default as above)
-	// Reserve is memory kept for the host and the agent (default 5% of
+	// Reserve is memory kept for the host and the agent (default 10% of
 	// the host's, at least 1 GiB): a create is refused once the memory in
 	// use (and swap in use), plus what recent creates may still grow
 	// into, would pass the host's memory - Reserve (+ swap).
@@ -286,6 +289,42 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 // call that wrote it.
 func (a *Agent) SpoolDir() string { return a.cfg.SpoolDir }
 
+// What an idle sandbox costs the agent in open files (a pidfd, the
+// container backend's hold on its root), and what the agent keeps for
+// everything else (etcd, clients, calls in flight and their pipes).
+const (
+	openFilesPerSandbox = 2
+	openFilesSpare      = 2048
+)
+
+// RaiseOpenFiles raises the process's open files limit to the most the
+// kernel allows (fs.nr_open), soft and hard: an agent holds a few
+// descriptors per sandbox, and hosts often cap processes at 20,000 or
+// less. Sandboxes get their own limit (their spec's rlimits), not this
+// one. Without CAP_SYS_RESOURCE it raises the soft limit to the hard one.
+func RaiseOpenFiles() (uint64, error) {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+		return 0, err
+	}
+	want := rl.Max
+	if b, err := os.ReadFile("/proc/sys/fs/nr_open"); err == nil {
+		if n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64); err == nil && n > want {
+			want = n
+		}
+	}
+	if rl.Cur >= want && rl.Max >= want {
+		return rl.Cur, nil
+	}
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: want, Max: want}); err != nil {
+		if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: rl.Max, Max: rl.Max}); err != nil {
+			return rl.Cur, err
+		}
+		return rl.Max, nil
+	}
+	return want, nil
+}
+
 func (l Limits) withDefaults() Limits {
 	mem, _ := readMemInfo()
 	if mem.Total == 0 {
@@ -301,7 +340,7 @@ func (l Limits) withDefaults() Limits {
 		l.MemoryOvercommit = 4
 	}
 	if l.Reserve == 0 {
-		l.Reserve = max(1<<30, mem.Total/20)
+		l.Reserve = max(1<<30, mem.Total/10)
 	}
 	if l.CPU == 0 {
 		l.CPU = l.CPUOvercommit * l.Cores
@@ -317,6 +356,11 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.Sandboxes == 0 {
 		l.Sandboxes = int(min(max(mem.Total/(2<<20), 100), 1<<20))
+		// And what the agent's open files allow (RaiseOpenFiles).
+		var rl unix.Rlimit
+		if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) == nil && rl.Cur < 1<<62 {
+			l.Sandboxes = min(l.Sandboxes, max(int(rl.Cur)-openFilesSpare, 0)/openFilesPerSandbox)
+		}
 	}
 	if l.CreatesInFlight == 0 {
 		l.CreatesInFlight = 64

@@ -48,6 +48,30 @@ type meter struct {
 	cpuBE    float64       // cores busy, best-effort (average)
 	mem      memInfo
 	cpuKnown bool
+
+	classGroups []string  // the node's best-effort class groups, as last found
+	foundAt     time.Time // when
+}
+
+// classFindEvery is how often the meter looks for the node's best-effort
+// class groups (one per backend: <node>/best-effort, <node>/microvm/
+// best-effort, ...): finding them lists the node's cgroup, whose children
+// are mostly its sandboxes, thousands of them.
+const classFindEvery = 30 * time.Second
+
+// classes returns the node's best-effort class groups. m.mu not held.
+func (m *meter) classes(l *cgroup.Layout, now time.Time) []string {
+	m.mu.Lock()
+	groups, at := m.classGroups, m.foundAt
+	m.mu.Unlock()
+	if !at.IsZero() && now.Sub(at) < classFindEvery {
+		return groups
+	}
+	groups = append(l.Glob(path.Join(m.cgroup, qos.ClassGroup)), l.Glob(path.Join(m.cgroup, "*", qos.ClassGroup))...)
+	m.mu.Lock()
+	m.classGroups, m.foundAt = groups, now
+	m.mu.Unlock()
+	return groups
 }
 
 // memInfo is /proc/meminfo's figures, in bytes.
@@ -92,7 +116,7 @@ func (m *meter) sample(now time.Time) {
 	if m.cgroup != "" {
 		if l, err := cgroup.Host(); err == nil {
 			all, allOK = l.CPUUsage(m.cgroup)
-			for _, g := range append(l.Glob(path.Join(m.cgroup, qos.ClassGroup)), l.Glob(path.Join(m.cgroup, "*", qos.ClassGroup))...) {
+			for _, g := range m.classes(l, now) {
 				if u, ok := l.CPUUsage(g); ok {
 					be += u
 				}

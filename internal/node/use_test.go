@@ -4,13 +4,18 @@ import (
 	"context"
 	"errors"
 	"io"
+	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/testutil"
 )
 
 // fakeMem makes a's meter read memory figures the test sets (bytes in
@@ -193,4 +198,50 @@ func TestIdleReclaim(t *testing.T) {
 	if r.Mechanism == "" || r.Mechanism == "off" || r.IdleAfter.D() != 300*time.Millisecond || r.DAMON == "" {
 		t.Errorf("reclaim status %+v", r)
 	}
+}
+
+// RaiseOpenFiles lifts the limit to fs.nr_open (root may), and the
+// default sandbox cap follows the limit.
+func TestRaiseOpenFiles(t *testing.T) {
+	testutil.RequireRoot(t)
+	var before unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &before); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Setrlimit(unix.RLIMIT_NOFILE, &before)
+	b, err := os.ReadFile("/proc/sys/fs/nr_open")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if !hasSysResource(t) {
+		want = before.Max // the most it may: soft up to hard
+	}
+	got, err := RaiseOpenFiles()
+	var now unix.Rlimit
+	unix.Getrlimit(unix.RLIMIT_NOFILE, &now)
+	if err != nil || got != want || now.Cur != want {
+		t.Errorf("RaiseOpenFiles = %d, %v; limit now %d/%d; want %d", got, err, now.Cur, now.Max, want)
+	}
+	// A low limit caps the node's sandboxes.
+	unix.Setrlimit(unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: openFilesSpare + openFilesPerSandbox*100, Max: now.Max})
+	if l := (Limits{}).withDefaults(); l.Sandboxes != 100 {
+		t.Errorf("sandbox cap at %d open files = %d, want 100", openFilesSpare+openFilesPerSandbox*100, l.Sandboxes)
+	}
+}
+
+// hasSysResource reports whether this process has CAP_SYS_RESOURCE
+// (root in some VMs and containers does not).
+func hasSysResource(t *testing.T) bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && caps&(1<<unix.CAP_SYS_RESOURCE) != 0
+		}
+	}
+	return false
 }

@@ -48,6 +48,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/internal/cgroup"
+	"github.com/warrenhq/warren/internal/osthread"
 )
 
 // ClassGroup is the cgroup, below a backend's cgroup parent, that holds
@@ -262,6 +263,20 @@ func kernelAtLeast(release string, major, minor int) bool {
 func fileExists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
+}
+
+// RunIdle runs f on an OS thread of its own under SCHED_IDLE, which ends
+// with it: for the node's own background work whose cost lands in the
+// kernel on the caller's time (proactive reclaim walks every shrinker of
+// a memory cgroup), so that it never takes CPU from a sandbox that wants
+// it.
+func RunIdle(f func() error) error {
+	return osthread.Run(func() error {
+		if err := idleThread(0); err != nil {
+			return err
+		}
+		return f()
+	})
 }
 
 // StartIdle starts cmd under SCHED_IDLE from its first instruction, so

@@ -13,6 +13,7 @@ import (
 	"github.com/warrenhq/warren/internal/backend"
 	"github.com/warrenhq/warren/internal/cgroup"
 	"github.com/warrenhq/warren/internal/errdefs"
+	"github.com/warrenhq/warren/internal/qos"
 )
 
 var (
@@ -37,7 +38,13 @@ func (c *Container) Reclaim(ctx context.Context, id string) (backend.ReclaimStat
 		return backend.ReclaimStats{}, errdefs.Unavailable("reclaim %s: no memory cgroup", id)
 	}
 	st := backend.ReclaimStats{Before: charged(mem)}
-	if st.How, err = reclaim(mem, st.Before); err != nil {
+	// Idle reclaim is background work: the kernel does it on the
+	// writer's time, so the writer is an idle thread.
+	err = qos.RunIdle(func() (err error) {
+		st.How, err = reclaim(mem, st.Before)
+		return err
+	})
+	if err != nil {
 		return backend.ReclaimStats{}, fmt.Errorf("reclaim %s: %w", id, err)
 	}
 	st.After = charged(mem)
