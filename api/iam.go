@@ -89,6 +89,10 @@ type Project struct {
 	Path        string `json:"path"`
 	Description string `json:"description,omitempty"`
 	Quota       Quota  `json:"quota"`
+	// MemoryMerge: nodes merge equal memory pages (KSM) among this
+	// project's sandboxes (and its sub-projects'), never with any other
+	// project's. See CreateProjectRequest.
+	MemoryMerge bool `json:"memory_merge,omitempty"`
 	// Usage is what the live sandboxes of the whole subtree use, as the
 	// fleet view last saw it; Reserved is what creates in flight through
 	// the answering apiserver hold on top.
@@ -113,6 +117,15 @@ type CreateProjectRequest struct {
 	Path        string `json:"path"`
 	Quota       Quota  `json:"quota"`
 	Description string `json:"description,omitempty"`
+	// MemoryMerge lets nodes merge equal memory pages (KSM) among the
+	// project's container sandboxes and microVMs, and its sub-projects'
+	// (a sub-project that sets it too forms a group of its own): many
+	// sandboxes of one environment hold the same pages. A node runs
+	// merging sandboxes of one group at a time; no sandbox can opt
+	// itself in. Merged pages leak by write timing to whatever shares
+	// them, so set it for one tenant's projects only (on the root it
+	// merges every project's).
+	MemoryMerge bool `json:"memory_merge,omitempty"`
 }
 
 // UpdateProjectRequest is the body of PATCH /v1/projects/{path}: what is
@@ -120,6 +133,7 @@ type CreateProjectRequest struct {
 type UpdateProjectRequest struct {
 	Quota       *QuotaPatch `json:"quota,omitempty"`
 	Description *string     `json:"description,omitempty"`
+	MemoryMerge *bool       `json:"memory_merge,omitempty"`
 }
 
 // Token is a token's metadata. Its secret is shown once, when it is

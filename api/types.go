@@ -130,6 +130,11 @@ type CreateSandboxRequest struct {
 	// same key (in the same project) gets the one sandbox the first created,
 	// for 24h. The Idempotency-Key header does the same and wins.
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	// MemoryMergeGroup is the platform's to set (the apiserver overwrites
+	// whatever a caller sends): the memory merge group of the sandbox's
+	// project (Project.MemoryMerge), "" for none. A node merges the
+	// memory of sandboxes of one group at a time.
+	MemoryMergeGroup string `json:"memory_merge_group,omitempty"`
 }
 
 // BatchCreateRequest is the body of POST /v1/sandboxes:batch: a gang of
@@ -181,14 +186,18 @@ type Sandbox struct {
 	Backend string `json:"backend"`
 	// Runtime is what runs it, for a backend with several (container:
 	// RuntimeRunc or RuntimeGVisor); absent for the others.
-	Runtime   string            `json:"runtime,omitempty"`
-	Image     string            `json:"image"` // the environment, "name@version"
-	State     string            `json:"state"`
-	Reason    string            `json:"reason,omitempty"` // why failed or lost
-	Resources Resources         `json:"resources"`
-	QoS       string            `json:"qos,omitempty"` // QoSLatency or QoSBestEffort
-	Env       map[string]string `json:"env,omitempty"`
-	Labels    map[string]string `json:"labels,omitempty"`
+	Runtime   string    `json:"runtime,omitempty"`
+	Image     string    `json:"image"` // the environment, "name@version"
+	State     string    `json:"state"`
+	Reason    string    `json:"reason,omitempty"` // why failed or lost
+	Resources Resources `json:"resources"`
+	QoS       string    `json:"qos,omitempty"` // QoSLatency or QoSBestEffort
+	// MemoryMergeGroup is the memory merge group the sandbox's memory
+	// merges in (its project's, Project.MemoryMerge), "" when it merges
+	// with nothing (no group, or a node or backend that cannot).
+	MemoryMergeGroup string            `json:"memory_merge_group,omitempty"`
+	Env              map[string]string `json:"env,omitempty"`
+	Labels           map[string]string `json:"labels,omitempty"`
 	// Build: a build sandbox. Tokens below builder get 404 for it, as
 	// for a missing one, and lists leave it out: what a builder plants
 	// while it sets up an environment (answers, fixtures) stays with
@@ -579,6 +588,26 @@ type Node struct {
 	// (Usage is what they asked for): the node admits by both, and
 	// placement ranks nodes by it.
 	InUse *NodeInUse `json:"in_use,omitempty"`
+	// MemoryMerge says whether and for whom the node merges sandboxes'
+	// equal memory pages (KSM); nil from nodes that predate it.
+	MemoryMerge *NodeMemoryMerge `json:"memory_merge,omitempty"`
+}
+
+// NodeMemoryMerge is Node.MemoryMerge. A node merges the memory of one
+// group's sandboxes at a time (Project.MemoryMerge): placement sends
+// another group's merging sandboxes elsewhere, and the node refuses them
+// (429 node_full) while its group has a sandbox there.
+type NodeMemoryMerge struct {
+	// Mechanism is "ksm" where the node merges (KSM, each merging
+	// sandbox opted in by the platform with prctl PR_SET_MEMORY_MERGE),
+	// else "off: WHY" (then merging sandboxes run unmerged).
+	Mechanism string `json:"mechanism"`
+	// Group is the merge group of the node's merging sandboxes, and
+	// Sandboxes how many there are; "" and 0 for none.
+	Group     string `json:"group,omitempty"`
+	Sandboxes int    `json:"sandboxes"`
+	// Saved is the memory KSM saves on the host now (its pages_sharing).
+	Saved Quantity `json:"saved"`
 }
 
 // NodeInUse is Node.InUse.
@@ -695,7 +724,8 @@ type NodeSnapshots struct {
 type NodeSecurity struct {
 	// Enforced names the mechanisms every sandbox of the node gets:
 	// seccomp, no-new-privs, capabilities, masked-paths, ioctl-filter,
-	// socket-filter.
+	// socket-filter, ksm-filter (no sandbox opts its own memory into
+	// KSM: guard's deniedArgs).
 	Enforced []string `json:"enforced"`
 	// LSMs are the Linux security modules warren knows of (landlock,
 	// apparmor): whether the host runs each, whether warren applies it.

@@ -350,24 +350,9 @@ func memoryCgroups(pids []int) []string {
 	return cgs
 }
 
-// charged is the memory charged to cgroup rel (memory.usage_in_bytes on
-// v1, memory.current on v2): its processes' memory and the page cache
-// and kernel memory they caused.
+// charged is benchup.Charged, 0 if unreadable.
 func charged(rel string) int64 {
-	l, err := cgroup.Host()
-	if err != nil {
-		return 0
-	}
-	path := filepath.Join(l.Unified, rel, "memory.current")
-	if d, ok := l.V1Dir("memory", rel); ok {
-		path = filepath.Join(d, "memory.usage_in_bytes")
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0
-	}
-	var v int64
-	fmt.Sscan(string(b), &v)
+	v, _ := benchup.Charged(rel)
 	return v
 }
 

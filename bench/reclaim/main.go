@@ -28,8 +28,6 @@ import (
 	"log"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -37,7 +35,6 @@ import (
 	"github.com/warrenhq/warren/bench/internal/benchup"
 	"github.com/warrenhq/warren/bench/internal/stats"
 	"github.com/warrenhq/warren/client"
-	"github.com/warrenhq/warren/internal/cgroup"
 )
 
 type config struct {
@@ -156,7 +153,7 @@ func measure(ctx context.Context, cfg config, bin, dataDir string, reclaim bool)
 	last := start
 	for time.Since(start) < cfg.run {
 		time.Sleep(time.Second)
-		b, err := charged(node)
+		b, err := benchup.Charged(filepath.Join("/warren", node))
 		if err != nil {
 			return nil, err
 		}
@@ -168,21 +165,4 @@ func measure(ctx context.Context, cfg config, bin, dataDir string, reclaim bool)
 		out.reclaim = nodes[0].InUse.Reclaim
 	}
 	return out, nil
-}
-
-// charged is the memory charged to node's sandboxes: its cgroup's.
-func charged(node string) (int64, error) {
-	l, err := cgroup.Host()
-	if err != nil {
-		return 0, err
-	}
-	path := filepath.Join(l.Unified, "warren", node, "memory.current")
-	if d, ok := l.V1Dir("memory", filepath.Join("/warren", node)); ok && l.Mode != cgroup.Unified {
-		path = filepath.Join(d, "memory.usage_in_bytes")
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, err
-	}
-	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 }

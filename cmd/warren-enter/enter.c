@@ -31,6 +31,10 @@
 // found). A failed step in the child is sent back on a close-on-exec pipe,
 // so a successful exec closes it with nothing written.
 //
+// `warren-enter merge PROG ARGS...` is another use: it opts itself into
+// KSM and execs PROG (the runtime creating a sandbox whose memory merges;
+// see main). `warren-enter hold` holds a user namespace (userns.go).
+//
 // Containment of the launcher itself: it is non-dumpable from its first
 // instruction, so nothing in the sandbox may ptrace it or open its
 // /proc/<pid>/exe, fds, root or memory while it runs there (CVE-2019-5736);
@@ -61,8 +65,10 @@
 #define REQ_FD 3
 #define PIDFD 4
 #define STATUS_FD 5
-#define MAGIC 0x334e4557u // "WEN3": the request format's version
+#define MAGIC 0x344e4557u // "WEN4": the request format's version
 #define MAX_FILTERS 8
+
+#define PR_SET_MEMORY_MERGE_ 67 // Linux 6.4; inherited across exec since 6.7
 
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
@@ -156,6 +162,7 @@ struct request {
 	char *apparmor;  // the AppArmor profile to exec under; "": none
 	uint64_t sched_idle; // run under SCHED_IDLE (a best-effort sandbox)
 	uint64_t core_share; // share the sandbox init's core scheduling cookie
+	uint64_t memory_merge; // opt into KSM, as the sandbox's init is
 };
 
 static void read_request(struct request *q) {
@@ -217,6 +224,7 @@ static void read_request(struct request *q) {
 	q->apparmor = get_str(&r);
 	q->sched_idle = get_u64(&r);
 	q->core_share = get_u64(&r);
+	q->memory_merge = get_u64(&r);
 	if (!q->argv[0] || !q->argv[0][0] || r.left)
 		bad_request();
 }
@@ -234,8 +242,8 @@ static void fail(int stage, int err) {
 	_exit(127);
 }
 
-enum { S_CGROUP = 1, S_APPARMOR, S_GROUPS, S_GID, S_UID, S_RLIMIT, S_CWD, S_CAPS, S_NNP, S_LANDLOCK, S_SECCOMP, S_EXEC, S_SCHED };
-static const char *stages[] = {"", "cgroup", "apparmor", "groups", "gid", "uid", "rlimit", "cwd", "caps", "nnp", "landlock", "seccomp", "exec", "sched"};
+enum { S_CGROUP = 1, S_APPARMOR, S_GROUPS, S_GID, S_UID, S_RLIMIT, S_CWD, S_CAPS, S_NNP, S_LANDLOCK, S_SECCOMP, S_EXEC, S_SCHED, S_MERGE };
+static const char *stages[] = {"", "cgroup", "apparmor", "groups", "gid", "uid", "rlimit", "cwd", "caps", "nnp", "landlock", "seccomp", "exec", "sched", "merge"};
 
 #define CHECK(call, stage)                                                                         \
 	do {                                                                                       \
@@ -372,6 +380,11 @@ static void child(struct request *q) {
 	}
 	if (q->core_share)
 		CHECK(prctl(62 /* PR_SCHED_CORE */, 3 /* PR_SCHED_CORE_SHARE_FROM */, 1, 0 /* PIDTYPE_PID */, 0), S_SCHED);
+	// A sandbox whose memory merges (its project's choice) runs its
+	// commands opted into KSM as its init is (see main's "merge"); the
+	// sandbox's own filter forbids it to opt itself in or out.
+	if (q->memory_merge)
+		CHECK(prctl(PR_SET_MEMORY_MERGE_, 1, 0, 0, 0), S_MERGE);
 
 	// Rlimits while still root: raising a hard limit needs
 	// CAP_SYS_RESOURCE.
@@ -438,6 +451,19 @@ int main(int argc, char **argv) {
 		while (read(0, &c, 1) > 0) {
 		}
 		return 0;
+	}
+	if (argc >= 3 && !strcmp(argv[1], "merge")) {
+		// warren-enter merge PROG ARGS...: PROG (the runtime creating a
+		// sandbox whose memory merges) and everything it forks and execs
+		// (the sandbox's init, its workload) run opted into KSM: the
+		// agent never is, and Go cannot set it between fork and exec.
+		if (prctl(PR_SET_MEMORY_MERGE_, 1, 0, 0, 0) < 0) {
+			fprintf(stderr, "warren-enter merge: prctl PR_SET_MEMORY_MERGE: %s\n", strerror(errno));
+			return 125;
+		}
+		execv(argv[2], argv + 2);
+		fprintf(stderr, "warren-enter merge: exec %s: %s\n", argv[2], strerror(errno));
+		return 127;
 	}
 	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 	// Dies with the agent (its child, in the sandbox, lives on there like

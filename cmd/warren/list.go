@@ -65,7 +65,7 @@ func newNodeLsCmd(a *app) *cobra.Command {
 				}
 				return writeJSON(a.stdout, api.NodeList{Nodes: nodes})
 			}
-			tw := newTable(a.stdout, "ID", "POOL", "HEALTHY", "ADDRESS", "BACKENDS", "LAYERS", "CPU", "MEMORY", "IN-USE", "SANDBOXES", "QOS", "DISK-QUOTA", "NETWORK", "SECURITY", "SNAPSHOTS", "PROBLEMS")
+			tw := newTable(a.stdout, "ID", "POOL", "HEALTHY", "ADDRESS", "BACKENDS", "LAYERS", "CPU", "MEMORY", "IN-USE", "SANDBOXES", "QOS", "MERGE", "DISK-QUOTA", "NETWORK", "SECURITY", "SNAPSHOTS", "PROBLEMS")
 			for _, n := range nodes {
 				health := "yes"
 				if !n.Healthy {
@@ -82,7 +82,7 @@ func newNodeLsCmd(a *app) *cobra.Command {
 				row(tw, n.ID, pool, health, orDash(n.Address), orDash(backendSummary(n)), orDash(n.LayerLoading),
 					num(n.Usage.CPU)+"/"+num(n.Capacity.CPU),
 					memHuman(n.Usage.Memory)+"/"+memHuman(n.Capacity.Memory),
-					inUseSummary(n.InUse), sandboxCount(n), qosSummary(n.QoS),
+					inUseSummary(n.InUse), sandboxCount(n), qosSummary(n.QoS), mergeSummary(n.MemoryMerge),
 					orDash(n.DiskQuota), network, securitySummary(n.Security), snapshotKinds(n.Snapshots),
 					orDash(strings.Join(n.Problems, "; ")))
 			}
@@ -118,6 +118,21 @@ func qosSummary(q *api.NodeQoS) string {
 		return "-"
 	}
 	return fmt.Sprintf("be:%d,%s", q.BestEffort, q.Group)
+}
+
+// mergeSummary says whether the node merges sandboxes' memory and whose:
+// "ksm" (none merging now), "ksm:GROUP(12),saved:1.2G", "off" (-o json
+// says why).
+func mergeSummary(m *api.NodeMemoryMerge) string {
+	switch {
+	case m == nil:
+		return "-"
+	case m.Mechanism != "ksm":
+		return "off"
+	case m.Group == "":
+		return "ksm"
+	}
+	return fmt.Sprintf("ksm:%s(%d),saved:%s", m.Group, m.Sandboxes, fmtBytes(int64(m.Saved)))
 }
 
 // backendSummary lists the node's backends, each with the runtimes it

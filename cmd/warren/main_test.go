@@ -303,13 +303,14 @@ func TestImageAndNodeLs(t *testing.T) {
 	}
 	lines := strings.Split(r.stdout, "\n")
 	head, row := strings.Fields(lines[0]), strings.Fields(lines[1])
-	if len(head) != 16 || head[5] != "LAYERS" || head[8] != "IN-USE" || head[10] != "QOS" || head[11] != "DISK-QUOTA" || head[12] != "NETWORK" || head[13] != "SECURITY" || head[14] != "SNAPSHOTS" || head[15] != "PROBLEMS" || len(row) < 15 ||
+	if len(head) != 17 || head[5] != "LAYERS" || head[8] != "IN-USE" || head[10] != "QOS" || head[11] != "MERGE" || head[12] != "DISK-QUOTA" || head[13] != "NETWORK" || head[14] != "SECURITY" || head[15] != "SNAPSHOTS" || head[16] != "PROBLEMS" || len(row) < 16 ||
 		!slices.Contains([]string{"-", "eager", "lazy"}, row[5]) ||
 		row[8] != "-" && !strings.HasPrefix(row[8], "cpu:") ||
 		row[10] != "-" && !strings.HasPrefix(row[10], "be:") ||
-		!slices.Contains([]string{"-", "none", "btrfs", "xfs", "ext4"}, row[11]) || !slices.Contains([]string{"yes", "no"}, row[12]) || row[13] != "-" && !strings.HasPrefix(row[13], "6-measures,landlock:") ||
-		!slices.Contains([]string{"-", "filesystem"}, row[14]) {
-		t.Errorf("node ls: header %q, row %q; want LAYERS after BACKENDS, IN-USE and QOS, and DISK-QUOTA, NETWORK, SECURITY and SNAPSHOTS columns before PROBLEMS", head, row)
+		row[11] != "-" && row[11] != "off" && !strings.HasPrefix(row[11], "ksm") ||
+		!slices.Contains([]string{"-", "none", "btrfs", "xfs", "ext4"}, row[12]) || !slices.Contains([]string{"yes", "no"}, row[13]) || row[14] != "-" && !strings.HasPrefix(row[14], "7-measures,landlock:") ||
+		!slices.Contains([]string{"-", "filesystem"}, row[15]) {
+		t.Errorf("node ls: header %q, row %q; want LAYERS after BACKENDS, IN-USE, QOS and MERGE, and DISK-QUOTA, NETWORK, SECURITY and SNAPSHOTS columns before PROBLEMS", head, row)
 	}
 }
 

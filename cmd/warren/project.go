@@ -105,20 +105,28 @@ func displayPath(p string) string {
 	return p
 }
 
+// memoryMergeHelp says what --memory-merge does.
+const memoryMergeHelp = `--memory-merge lets nodes merge equal memory pages (KSM) among the
+project's sandboxes and its sub-projects' (not gVisor's), and only among
+them: many sandboxes of one environment hold the same pages. Merged pages
+leak by write timing to whatever shares them, so use it within one
+tenant only; a node runs one merging project's sandboxes at a time.`
+
 func newProjectCreateCmd(a *app) *cobra.Command {
 	var quota, desc string
+	var merge bool
 	c := showCmd(a, &cobra.Command{
-		Use:   "create PATH [--quota QUOTA] [--description TEXT]",
+		Use:   "create PATH [--quota QUOTA] [--description TEXT] [--memory-merge]",
 		Short: "Create a sub-project with part of its parent's quota",
 		Long: `Create the project PATH (segments of a-z, 0-9, '.', '_', '-', joined by '/').
 Its parent must exist; the token must be an admin of a proper ancestor.
 
-` + quotaHelp,
+` + quotaHelp + "\n\n" + memoryMergeHelp,
 		Example: `  warren project create research --quota sandboxes=5000,vcpu=1000,memory=4Ti,creates=100/s
-  warren project create research/rl-math --quota sandboxes=2000,vcpu=500,memory=2Ti`,
+  warren project create research/rl-math --quota sandboxes=2000,vcpu=500,memory=2Ti --memory-merge`,
 		Args: exactArgs(1, "one project path"),
 	}, "text", func(cmd *cobra.Command, args []string) (*api.Project, error) {
-		req := api.CreateProjectRequest{Path: args[0], Description: desc}
+		req := api.CreateProjectRequest{Path: args[0], Description: desc, MemoryMerge: merge}
 		if quota != "" {
 			p, err := parseQuota(quota)
 			if err != nil {
@@ -131,22 +139,26 @@ Its parent must exist; the token must be an admin of a proper ancestor.
 	f := c.Flags()
 	f.StringVar(&quota, "quota", "", "QUOTA, e.g. sandboxes=2000,vcpu=500,memory=2Ti,creates=50/s (default: none of its own)")
 	f.StringVar(&desc, "description", "", "what the project is for")
+	f.BoolVar(&merge, "memory-merge", false, "merge equal memory pages (KSM) among the project's sandboxes")
 	return c
 }
 
 func newProjectUpdateCmd(a *app) *cobra.Command {
 	var quota, desc string
+	var merge bool
 	c := showCmd(a, &cobra.Command{
-		Use:   "update PATH [--quota QUOTA] [--description TEXT]",
-		Short: "Change some of a project's quota or its description",
+		Use:   "update PATH [--quota QUOTA] [--description TEXT] [--memory-merge[=false]]",
+		Short: "Change some of a project's quota, its description or memory merging",
 		Long: `Change the quota fields given in --quota and keep the others (0 removes
 a limit), and/or the description. A quota may drop below current usage
 (creates then wait until usage drains), never below what the project has
-handed down to its sub-projects.
+handed down to its sub-projects. Memory merging applies to sandboxes
+created after the change.
 
-` + quotaHelp,
-		Example: `  warren project update research/rl-math --quota vcpu=600,creates=0`,
-		Args:    exactArgs(1, "one project path"),
+` + quotaHelp + "\n\n" + memoryMergeHelp,
+		Example: `  warren project update research/rl-math --quota vcpu=600,creates=0
+  warren project update research/rl-math --memory-merge=false`,
+		Args: exactArgs(1, "one project path"),
 	}, "text", func(cmd *cobra.Command, args []string) (*api.Project, error) {
 		var req api.UpdateProjectRequest
 		if cmd.Flags().Changed("quota") {
@@ -159,14 +171,18 @@ handed down to its sub-projects.
 		if cmd.Flags().Changed("description") {
 			req.Description = &desc
 		}
-		if req.Quota == nil && req.Description == nil {
-			return nil, usagef("nothing to change: give --quota or --description")
+		if cmd.Flags().Changed("memory-merge") {
+			req.MemoryMerge = &merge
+		}
+		if req.Quota == nil && req.Description == nil && req.MemoryMerge == nil {
+			return nil, usagef("nothing to change: give --quota, --description or --memory-merge")
 		}
 		return a.client().UpdateProject(cmd.Context(), args[0], req)
 	}, printProject)
 	f := c.Flags()
 	f.StringVar(&quota, "quota", "", "QUOTA fields to change, e.g. vcpu=600,memory=3Ti")
 	f.StringVar(&desc, "description", "", "new description")
+	f.BoolVar(&merge, "memory-merge", false, "merge equal memory pages (KSM) among the project's sandboxes (=false: stop)")
 	return c
 }
 
@@ -203,6 +219,9 @@ func printProject(w io.Writer, p *api.Project) error {
 	row(tw, "Disk:", usedOf(u.Disk.String(), q.Disk.String(), q.Disk > 0))
 	row(tw, "Creates/s:", fmtRate(q.CreatesPerSec, q.CreatesBurst))
 	row(tw, "FnCalls/s:", fmtRate(q.FnCallsPerSec, q.FnCallsBurst))
+	if p.MemoryMerge {
+		row(tw, "Memory merge:", "on (KSM, among this project's sandboxes)")
+	}
 	if r := p.Reserved; r.Sandboxes > 0 {
 		row(tw, "Being created:", fmt.Sprintf("%d sandboxes, %s vCPU, %s", r.Sandboxes, fmtCores(r.CPU), r.Memory))
 	}

@@ -173,6 +173,7 @@ s3://bucket/prefix?endpoint=host:port (see "warren apiserver --help").`,
 	limitFlags(f, &cfg.Limits)
 	swapFlag(f, &cfg.Swap)
 	reclaimFlag(f, &cfg.ReclaimIdle)
+	mergeFlag(f, &cfg.NoMemoryMerge)
 	quantityVar(f, &cfg.DefaultDisk, "default-disk", "writable layer limit of a sandbox that asks for none, e.g. 10Gi (0: none; needs a data dir on btrfs, or xfs or ext4 with project quotas)")
 	f.StringVar(&cfg.Backend, "backend", "container", "sandbox backend: container")
 	f.BoolVar(&cfg.StopSandboxes, "stop-sandboxes", false, "end every sandbox of this node when the agent stops (default: they keep running and the next agent on --data-dir re-adopts them)")
@@ -225,10 +226,14 @@ func swapFlag(f *pflag.FlagSet, size *int64) {
 // limitFlags are what a node admits (node.Limits), for warren up and
 // warren agent alike.
 func limitFlags(f *pflag.FlagSet, l *node.Limits) {
-	f.IntVar(&l.Sandboxes, "max-sandboxes", 0, "sandboxes this node admits (0: one per 2Mi of the host's memory, and 2 open files each within the agent's limit)")
+	f.IntVar(&l.Sandboxes, "max-sandboxes", 0, "sandboxes this node admits (0: one per 2Mi of the host's memory, and 1 open file each within the agent's limit)")
 	f.Float64Var(&l.CPUOvercommit, "cpu-overcommit", 0, "CPU requests may add up to this many times the node's cores (0: 50); latency creates are refused when its cores are 90% busy outside the best-effort class")
 	f.Float64Var(&l.MemoryOvercommit, "memory-overcommit", 0, "memory requests may add up to this many times the host's memory less the reserve, plus swap (0: 4); creates are refused when the memory in use would pass the host's less the reserve")
 	quantityVar(f, &l.Reserve, "memory-reserve", "memory kept for the host and the agent, e.g. 2Gi (0: 10% of the host's, at least 1Gi); past it best-effort sandboxes are paused, then evicted")
+}
+
+func mergeFlag(f *pflag.FlagSet, off *bool) {
+	f.BoolVar(off, "no-memory-merge", false, "never merge sandboxes' equal memory pages (KSM), even for projects that ask (by default the node merges one such project's sandboxes at a time, and turns the host's KSM on for them)")
 }
 
 func reclaimFlag(f *pflag.FlagSet, d *time.Duration) {

@@ -52,6 +52,7 @@ It serves plain HTTP (on loopback by default) unless given --tls-cert and
 	f.StringVar(&cfg.Blobs, "blobs", "", "blob store: a directory or s3://bucket/prefix?endpoint=host:port (default <data-dir>/blobs)")
 	limitFlags(f, &cfg.Limits)
 	reclaimFlag(f, &cfg.ReclaimIdle)
+	mergeFlag(f, &cfg.NoMemoryMerge)
 	quantityVar(f, &cfg.DefaultDisk, "default-disk", "writable layer limit of a sandbox that asks for none, e.g. 10Gi (0: none; needs a data dir on btrfs, or xfs or ext4 with project quotas)")
 	f.BoolVar(&cfg.StopSandboxes, "stop-sandboxes", false, "end every sandbox when warren stops (default: they keep running and the next \"warren up\" on --data-dir re-adopts them)")
 	f.StringVar(&cfg.ImageCache, "image-cache", "", "built runtime images to publish at startup (default $WARREN_IMAGE_CACHE or "+daemon.DefaultImageCache+")")

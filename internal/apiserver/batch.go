@@ -62,6 +62,9 @@ func (s *Server) createGang(ctx context.Context, req api.BatchCreateRequest) (ap
 	if err := s.settleWorker(ctx, &tmpl); err != nil { // pause.go
 		return api.BatchCreateResponse{}, 0, err
 	}
+	if err := s.settleMergeGroup(ctx, &tmpl); err != nil { // pause.go
+		return api.BatchCreateResponse{}, 0, err
+	}
 	if err := s.checkPublished(ctx, tmpl.Image); err != nil { // publish.go
 		return api.BatchCreateResponse{}, 0, err
 	}

@@ -147,6 +147,17 @@ func (s *Server) pauseAll(ctx context.Context, project string, labels map[string
 	return res, nil
 }
 
+// settleMergeGroup sets a create's memory merge group from its project
+// (iam.MergeGroup): never the caller's, whose value would let it merge
+// memory with another tenant's sandboxes.
+func (s *Server) settleMergeGroup(ctx context.Context, req *api.CreateSandboxRequest) (err error) {
+	req.MemoryMergeGroup = ""
+	if m := s.cfg.IAM; m != nil {
+		req.MemoryMergeGroup, err = m.MergeGroup(ctx, req.Project)
+	}
+	return err
+}
+
 // settleWorker turns a create's Worker and WorkerOf into their labels,
 // after checking the worker is one the caller reaches and is a worker.
 // The labels themselves are the platform's to set.

@@ -38,7 +38,7 @@ func (s *Server) createProject(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	p, err := m.CreateProject(r.Context(), principal(r.Context()), req.Path,
-		iam.ProjectSpec{Quota: quotaFromAPI(req.Quota), Description: req.Description})
+		iam.ProjectSpec{Quota: quotaFromAPI(req.Quota), Description: req.Description, MemoryMerge: req.MemoryMerge})
 	if err != nil {
 		return err
 	}
@@ -103,12 +103,15 @@ func (s *Server) updateProject(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	spec := iam.ProjectSpec{Quota: cur.Quota, Description: cur.Description}
+	spec := iam.ProjectSpec{Quota: cur.Quota, Description: cur.Description, MemoryMerge: cur.MemoryMerge}
 	if req.Quota != nil {
 		spec.Quota = quotaFromAPI(req.Quota.Apply(quotaToAPI(cur.Quota)))
 	}
 	if req.Description != nil {
 		spec.Description = *req.Description
+	}
+	if req.MemoryMerge != nil {
+		spec.MemoryMerge = *req.MemoryMerge
 	}
 	p, err := m.UpdateProject(ctx, by, path, spec)
 	if err != nil {
@@ -215,7 +218,7 @@ func usageToAPI(r iam.Resources) api.Usage {
 
 func projectToAPI(p iam.Project, children []string) api.Project {
 	return api.Project{
-		Path: p.Path, Description: p.Description, Quota: quotaToAPI(p.Quota),
+		Path: p.Path, Description: p.Description, Quota: quotaToAPI(p.Quota), MemoryMerge: p.MemoryMerge,
 		Usage: usageToAPI(p.Usage), Reserved: usageToAPI(p.Reserved), Children: children,
 		CreatedAt: p.CreatedAt, CreatedBy: p.CreatedBy, UpdatedAt: p.UpdatedAt,
 	}

@@ -56,6 +56,9 @@ func (s *Server) admitCreate(w http.ResponseWriter, r *http.Request, req api.Cre
 	if err := s.settleWorker(ctx, &req); err != nil { // pause.go
 		return api.Sandbox{}, err
 	}
+	if err := s.settleMergeGroup(ctx, &req); err != nil { // pause.go
+		return api.Sandbox{}, err
+	}
 	if err := s.checkPublished(ctx, req.Image); err != nil { // publish.go
 		return api.Sandbox{}, err
 	}

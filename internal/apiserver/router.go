@@ -315,7 +315,8 @@ func (r *Router) Create(ctx context.Context, req api.CreateSandboxRequest) (api.
 		res.Memory = r.cfg.Defaults.Memory
 	}
 	preq := placement.Request{Backend: req.Backend, Resources: placement.Demand(res), Labels: req.NodeSelector, Pool: req.Pool,
-		Disk: res.Disk > 0, DiskInodes: res.DiskInodes > 0, Network: req.Network.Networked(), Runtime: req.Runtime}
+		Disk: res.Disk > 0, DiskInodes: res.DiskInodes > 0, Network: req.Network.Networked(), Runtime: req.Runtime,
+		MergeGroup: req.MemoryMergeGroup}
 	if preq.Backend == "" {
 		preq.Backend = api.BackendContainer
 	}

@@ -66,6 +66,18 @@ type Spec struct {
 	// cgroup an idle group (internal/qos). Backends that cannot refuse
 	// it (QoS false in Capabilities).
 	BestEffort bool `json:",omitempty"`
+	// MemoryMerge opts the sandbox's memory into KSM, to be merged with
+	// the equal pages of other sandboxes of its merge group (the node
+	// runs one group's at a time). Only backends that are MemoryMergers
+	// get it; a runtime that cannot (gVisor) ignores it.
+	MemoryMerge bool `json:",omitempty"`
+}
+
+// MemoryMerger is a backend that can opt its sandboxes' memory into KSM
+// (Spec.MemoryMerge). MemoryMerge says whether it can on this host: nil,
+// or why not.
+type MemoryMerger interface {
+	MemoryMerge() error
 }
 
 // State of a sandbox as the backend sees it.

@@ -79,6 +79,9 @@ type AgentConfig struct {
 	// reclaimed (node.Config.ReclaimIdle); 0 takes DefaultReclaimIdle,
 	// negative turns it off.
 	ReclaimIdle time.Duration
+	// NoMemoryMerge: never merge sandboxes' memory, whatever their
+	// project says (node.Config.NoMemoryMerge).
+	NoMemoryMerge bool
 	// Swap, if set, gives the host a zram swap device of that many bytes
 	// when it has no swap at all, so that pausing a sandbox pushes out
 	// its anonymous memory too (package swap). It stays when the agent
@@ -221,6 +224,7 @@ func Agent(ctx context.Context, cfg AgentConfig) error {
 		Labels:         cfg.Labels,
 		Defaults:       node.Defaults{Disk: cfg.DefaultDisk},
 		ReclaimIdle:    reclaimIdle(cfg.ReclaimIdle),
+		NoMemoryMerge:  cfg.NoMemoryMerge,
 		Network:        network,
 		NetworkProblem: netProblem,
 		Log:            log,

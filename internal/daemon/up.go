@@ -49,7 +49,10 @@ type UpConfig struct {
 	// reclaimed (node.Config.ReclaimIdle); 0 takes DefaultReclaimIdle,
 	// negative turns it off.
 	ReclaimIdle time.Duration
-	Log         *slog.Logger
+	// NoMemoryMerge: never merge sandboxes' memory, whatever their
+	// project says (node.Config.NoMemoryMerge).
+	NoMemoryMerge bool
+	Log           *slog.Logger
 	// Fn configures FnCall; ImageCache is where built runtime images are
 	// found and published from at startup (default DefaultImageCache).
 	Fn         FnConfig
@@ -147,6 +150,7 @@ func Up(ctx context.Context, cfg UpConfig) error {
 		Cgroup:         "/warren/" + nodeID,
 		Defaults:       node.Defaults{Disk: cfg.DefaultDisk},
 		ReclaimIdle:    reclaimIdle(cfg.ReclaimIdle),
+		NoMemoryMerge:  cfg.NoMemoryMerge,
 		Network:        network,
 		NetworkProblem: netProblem,
 		Log:            log,

@@ -52,9 +52,35 @@ var socketFamilies = []uint32{unix.AF_UNIX, unix.AF_INET, unix.AF_INET6, unix.AF
 // socketpair(2) may ask for AF_UNIX only.
 func SocketFamilies() []uint32 { return slices.Clone(socketFamilies) }
 
+// deniedArgs are values of one argument of a system call a sandbox may
+// not pass: each system call is allowed for every other value of it (a
+// cover, as for ioctl), compared on the low 32 bits, which are all the
+// kernel reads of an int argument.
+//
+// KSM (kernel same-page merging) merges equal pages of every process
+// that opted in, across tenants, and a write to a merged page takes
+// measurably longer: a sandbox that could opt itself in could learn
+// whether any other sandbox on the node holds a page of given content
+// (a key, a test's expected output). So no sandbox opts itself in:
+// sandboxes of a project with memory merging are opted in by the
+// platform, and only with sandboxes of the same project (backend
+// Spec.MemoryMerge).
+var deniedArgs = []struct {
+	syscall string
+	arg     uint
+	denied  ArgMatch
+}{
+	{"madvise", 2, ArgMatch{"MADV_MERGEABLE", 0xffffffff, unix.MADV_MERGEABLE}},
+	{"prctl", 0, ArgMatch{"PR_SET_MEMORY_MERGE", 0xffffffff, prSetMemoryMerge}},
+}
+
+// prSetMemoryMerge is prctl's PR_SET_MEMORY_MERGE (Linux 6.4).
+const prSetMemoryMerge = 67
+
 // ociArgRules rewrites profile's rules for ioctl, socket and socketpair
 // into allowlists that refuse DeniedIoctls and every family but
-// SocketFamilies. libseccomp drops a system call's conditional rules
+// SocketFamilies, and those of deniedArgs into allowlists of every
+// other value. libseccomp drops a system call's conditional rules
 // when it also has an unconditional one (whatever their actions), so a
 // deny rule next to moby's plain "ioctl: allow" would be silently
 // ignored: ioctl is allowed instead by a set of masked prefixes that
@@ -63,9 +89,19 @@ func SocketFamilies() []uint32 { return slices.Clone(socketFamilies) }
 // has a single condition.
 func ociArgRules(p *specs.LinuxSeccomp) {
 	replaced := []string{"ioctl", "socket", "socketpair"}
+	allowed := map[string]bool{} // of deniedArgs' system calls, those the profile allows
+	for _, d := range deniedArgs {
+		replaced = append(replaced, d.syscall)
+	}
 	var rules []specs.LinuxSyscall
 	for _, r := range p.Syscalls {
-		r.Names = slices.DeleteFunc(r.Names, func(n string) bool { return slices.Contains(replaced, n) })
+		r.Names = slices.DeleteFunc(r.Names, func(n string) bool {
+			if !slices.Contains(replaced, n) {
+				return false
+			}
+			allowed[n] = allowed[n] || r.Action == specs.ActAllow && len(r.Args) == 0
+			return true
+		})
 		if len(r.Names) > 0 {
 			rules = append(rules, r)
 		}
@@ -83,6 +119,14 @@ func ociArgRules(p *specs.LinuxSeccomp) {
 		allow("socket", 0, specs.OpEqualTo, uint64(f), 0)
 	}
 	allow("socketpair", 0, specs.OpEqualTo, unix.AF_UNIX, 0)
+	for _, d := range deniedArgs {
+		if !allowed[d.syscall] {
+			continue
+		}
+		for _, c := range cover(32, []ArgMatch{d.denied}) {
+			allow(d.syscall, d.arg, specs.OpMaskedEqual, uint64(c.Mask), uint64(c.Value))
+		}
+	}
 	p.Syscalls = rules
 }
 

@@ -45,7 +45,7 @@ func TestSeccompArgRules(t *testing.T) {
 	for _, r := range p.Syscalls {
 		for _, n := range r.Names {
 			switch n {
-			case "ioctl", "socket", "socketpair":
+			case "ioctl", "socket", "socketpair", "madvise", "prctl":
 				if len(r.Args) != 1 || r.Action != specs.ActAllow {
 					t.Errorf("%s: rule %+v, want an allow with one condition", n, r)
 				}
@@ -53,7 +53,8 @@ func TestSeccompArgRules(t *testing.T) {
 			}
 		}
 	}
-	if conds["ioctl"] != len(ioctlCover()) || conds["socket"] != len(socketFamilies) || conds["socketpair"] != 1 {
+	if conds["ioctl"] != len(ioctlCover()) || conds["socket"] != len(socketFamilies) || conds["socketpair"] != 1 ||
+		conds["madvise"] != 32 || conds["prctl"] != 32 {
 		t.Errorf("conditional rules: %v", conds)
 	}
 }

@@ -5,7 +5,7 @@ import "fmt"
 // Enforced names what every container and FnCall sandbox gets from this
 // package on any host (see Harden and DeniedIoctls), for `warren node ls`.
 func Enforced() []string {
-	return []string{"seccomp", "no-new-privs", "capabilities", "masked-paths", "ioctl-filter", "socket-filter"}
+	return []string{"seccomp", "no-new-privs", "capabilities", "masked-paths", "ioctl-filter", "socket-filter", "ksm-filter"}
 }
 
 // LSM is a Linux security module as a node reports it: whether the host

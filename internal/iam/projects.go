@@ -32,9 +32,11 @@ type Project struct {
 	Path string `json:"path"` // "" is the root
 	// UID changes when a path is deleted and created again, so tokens of
 	// the old project do not carry over to the new one.
-	UID         string    `json:"uid"`
-	Quota       Quota     `json:"quota"`
-	Description string    `json:"description,omitempty"`
+	UID         string `json:"uid"`
+	Quota       Quota  `json:"quota"`
+	Description string `json:"description,omitempty"`
+	// MemoryMerge is ProjectSpec.MemoryMerge.
+	MemoryMerge bool      `json:"memory_merge,omitempty"`
 	CreatedAt   time.Time `json:"created_at"`
 	CreatedBy   string    `json:"created_by,omitempty"` // token id
 	UpdatedAt   time.Time `json:"updated_at"`
@@ -49,6 +51,15 @@ type Project struct {
 type ProjectSpec struct {
 	Quota       Quota  `json:"quota"`
 	Description string `json:"description,omitempty"`
+	// MemoryMerge lets nodes merge equal memory pages (KSM) among the
+	// sandboxes of this project and its sub-projects, and only among
+	// them: a node runs merging sandboxes of one such project at a time
+	// (MergeGroup). A sub-project that sets it too forms a group of its
+	// own. Merged pages leak by write timing to everything merged with
+	// them, so this is for one tenant's sandboxes, never across tenants:
+	// on the root project it merges every project's (a single-tenant
+	// installation's choice).
+	MemoryMerge bool `json:"memory_merge,omitempty"`
 }
 
 func (s ProjectSpec) validate() error {
@@ -62,6 +73,7 @@ type projectRecord struct {
 	UID         string    `json:"uid"`
 	Quota       Quota     `json:"quota"`
 	Description string    `json:"description,omitempty"`
+	MemoryMerge bool      `json:"memory_merge,omitempty"`
 	CreatedAt   time.Time `json:"created_at"`
 	CreatedBy   string    `json:"created_by,omitempty"`
 	UpdatedAt   time.Time `json:"updated_at"`
@@ -153,7 +165,7 @@ func (n *tnode) delegated(d int) int64 {
 
 func (n *tnode) project() Project {
 	return Project{
-		Path: n.path, UID: n.rec.UID, Quota: n.rec.Quota, Description: n.rec.Description,
+		Path: n.path, UID: n.rec.UID, Quota: n.rec.Quota, Description: n.rec.Description, MemoryMerge: n.rec.MemoryMerge,
 		CreatedAt: n.rec.CreatedAt, CreatedBy: n.rec.CreatedBy, UpdatedAt: n.rec.UpdatedAt,
 	}
 }
@@ -292,7 +304,7 @@ func (i *IAM) CreateProject(ctx context.Context, by Principal, path string, spec
 				"the project tree is full (%d projects)", i.opts.MaxProjects)
 		}
 		doc.Projects[path] = projectRecord{
-			UID: newID(8), Quota: spec.Quota, Description: spec.Description,
+			UID: newID(8), Quota: spec.Quota, Description: spec.Description, MemoryMerge: spec.MemoryMerge,
 			CreatedAt: now, CreatedBy: by.TokenID, UpdatedAt: now,
 		}
 		return path, nil
@@ -303,7 +315,8 @@ func (i *IAM) CreateProject(ctx context.Context, by Principal, path string, spec
 	return i.withUsage(t.nodes[path]), nil
 }
 
-// UpdateProject replaces the quota and description of path. A quota may
+// UpdateProject replaces the quota, description and memory merging of
+// path (merging changed applies to sandboxes created after). A quota may
 // shrink below current usage (admission then refuses until usage drains)
 // but never below what the project has delegated (CodeQuotaBelowChildren),
 // and may grow only within what its parent has left (CodeQuotaExceedsParent).
@@ -325,7 +338,7 @@ func (i *IAM) UpdateProject(ctx context.Context, by Principal, path string, spec
 		if !ok {
 			return "", projectNotFound(path)
 		}
-		rec.Quota, rec.Description, rec.UpdatedAt = spec.Quota, spec.Description, now
+		rec.Quota, rec.Description, rec.MemoryMerge, rec.UpdatedAt = spec.Quota, spec.Description, spec.MemoryMerge, now
 		doc.Projects[path] = rec
 		return path, nil
 	})
@@ -333,6 +346,31 @@ func (i *IAM) UpdateProject(ctx context.Context, by Principal, path string, spec
 		return Project{}, err
 	}
 	return i.withUsage(t.nodes[path]), nil
+}
+
+// MergeGroup returns the memory merge group of project's sandboxes: the
+// UID of the nearest project, itself or an ancestor, with MemoryMerge
+// on; "" when none has it (its sandboxes merge with nothing).
+// ErrNotFound for an unknown project.
+func (i *IAM) MergeGroup(ctx context.Context, project string) (string, error) {
+	project, err := CleanPath(project)
+	if err != nil {
+		return "", err
+	}
+	t, err := i.treeWith(ctx, project)
+	if err != nil {
+		return "", err
+	}
+	n := t.nodes[project]
+	if n == nil {
+		return "", projectNotFound(project)
+	}
+	for ; n != nil; n = n.parent {
+		if n.rec.MemoryMerge {
+			return n.rec.UID, nil
+		}
+	}
+	return "", nil
 }
 
 // DeleteProject deletes path. ErrConflict with CodeProjectHasChildren or

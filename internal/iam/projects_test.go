@@ -2,6 +2,7 @@ package iam_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -274,5 +275,41 @@ func TestProjectLimits(t *testing.T) {
 	for _, q := range []iam.Quota{{Resources: sandboxes(-1)}, {CreatesPerSec: -1}, {CreatesBurst: -1}} {
 		_, err = m.UpdateProject(ctx, root, "a", iam.ProjectSpec{Quota: q})
 		wantErr(t, fmt.Sprintf("quota %+v", q), err, errdefs.ErrInvalid, "")
+	}
+}
+
+// A project's sandboxes merge memory with those of the nearest project
+// that turned merging on, itself or an ancestor, and no other: tenants
+// never share a group unless the root merges everything.
+func TestMergeGroup(t *testing.T) {
+	ctx := context.Background()
+	m, _ := newIAM(t, nil, iam.Options{})
+	a := mustCreate(t, m, "a", quota(10))
+	mustCreate(t, m, "a/x", quota(5))
+	mustCreate(t, m, "b", quota(10))
+	if _, err := m.UpdateProject(ctx, root, "a", iam.ProjectSpec{Quota: quota(10), MemoryMerge: true}); err != nil {
+		t.Fatal(err)
+	}
+	ay, err := m.CreateProject(ctx, root, "a/y", iam.ProjectSpec{Quota: quota(5), MemoryMerge: true})
+	if err != nil || !ay.MemoryMerge {
+		t.Fatalf("create a/y merging: %+v, %v", ay, err)
+	}
+	for path, want := range map[string]string{"": "", "a": a.UID, "a/x": a.UID, "a/y": ay.UID, "b": ""} {
+		if got, err := m.MergeGroup(ctx, path); err != nil || got != want {
+			t.Errorf("MergeGroup(%q) = %q, %v; want %q", path, got, err, want)
+		}
+	}
+	if _, err := m.MergeGroup(ctx, "nope"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("MergeGroup(nope): %v, want not found", err)
+	}
+	if got, _ := m.GetProject(ctx, root, "a"); !got.MemoryMerge {
+		t.Errorf("project a does not say it merges: %+v", got)
+	}
+	// Turned off: a's sandboxes created from now on merge with nothing.
+	if _, err := m.UpdateProject(ctx, root, "a", iam.ProjectSpec{Quota: quota(10)}); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := m.MergeGroup(ctx, "a/x"); got != "" {
+		t.Errorf("after turning a's merging off, a/x merges in %q", got)
 	}
 }

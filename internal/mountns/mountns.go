@@ -10,8 +10,9 @@
 // bench/density). So a sandbox's mounts are made in a Scratch namespace:
 // a private copy of the host's, holding only them, in which the runtime
 // is started; the container's own namespace is a copy of that. The agent
-// keeps a detached clone of the root (Scratch.Clone) to reach the
-// sandbox's files, and the host's table never sees any of it.
+// keeps a detached clone of the root (NS.Clone) on a Shelf, a namespace
+// of its own, to reach the sandbox's files; the host's table never sees
+// any of it.
 //
 // A Go process cannot move itself into another mount namespace (its
 // threads share one fs_struct), but one OS thread can, after unsharing
@@ -20,9 +21,15 @@
 package mountns
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -114,4 +121,186 @@ func (n *NS) Clone(dirfd int, path string, flags uint) (*os.File, error) {
 		return nil, fmt.Errorf("clone mount %s: open_tree: %w", path, err)
 	}
 	return os.NewFile(uintptr(fd), path), nil
+}
+
+// Shelf keeps detached mounts (Clone's) alive without a descriptor each:
+// each is attached under a name in a namespace of the shelf's own, held
+// by one OS thread that lives as long as the shelf. A node with 10,000
+// sandboxes would otherwise hold 10,000 descriptors for their roots, and
+// hosts cap a process's descriptors (20,000 is common; raising it past
+// the hard limit takes CAP_SYS_RESOURCE). The shelf's namespace is a
+// private copy of the caller's, so the host's table never sees what is on
+// it, and runtimes started elsewhere never copy it.
+//
+// Its mounts stay reachable from every thread of the process through
+// the thread's root (/proc/PID/task/TID/root): Open returns a descriptor
+// per call, which pins the mount for as long as it is open, even after
+// Drop. Everything on the shelf goes when it is closed or the process
+// ends.
+type Shelf struct {
+	calls chan func()
+	quit  chan struct{} // closed by Close
+	root  string        // the thread's root, as seen from any thread of this process
+	dir   string        // where the names are, inside the shelf's namespace
+	dev   uint64        // the device of dir's tmpfs
+	once  sync.Once
+}
+
+// NewShelf starts a shelf whose mounts are attached under dir (an
+// existing directory, covered with a private tmpfs in the shelf's
+// namespace only).
+func NewShelf(dir string) (*Shelf, error) {
+	s := &Shelf{calls: make(chan func()), quit: make(chan struct{}), dir: dir}
+	started := make(chan error, 1)
+	go s.serve(started)
+	if err := <-started; err != nil {
+		return nil, fmt.Errorf("mount shelf: %w", err)
+	}
+	return s, nil
+}
+
+// serve sets up the shelf's namespace on a thread of its own, reports
+// how that went, and runs calls there until Close.
+func (s *Shelf) serve(started chan<- error) {
+	runtime.LockOSThread() // for good: the thread ends with the shelf
+	if unix.Gettid() == unix.Getpid() {
+		// The main thread (see package osthread): held until another
+		// thread has taken over, then given back unchanged.
+		again := make(chan error, 1)
+		go s.serve(again)
+		err := <-again
+		runtime.UnlockOSThread()
+		started <- err
+		return
+	}
+	err := func() error {
+		if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
+			return fmt.Errorf("unshare mount namespace: %w", err)
+		}
+		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+			return fmt.Errorf("make mounts private: %w", err)
+		}
+		if err := unix.Mount("tmpfs", s.dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0700,size=1m"); err != nil {
+			return fmt.Errorf("mount tmpfs on %s: %w", s.dir, err)
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(s.dir, &st); err != nil {
+			return err
+		}
+		s.dev = st.Dev
+		s.root = fmt.Sprintf("/proc/%d/task/%d/root", unix.Getpid(), unix.Gettid())
+		return nil
+	}()
+	started <- err
+	if err != nil {
+		return // the thread ends, and its namespace with it
+	}
+	for {
+		select {
+		case f := <-s.calls:
+			f()
+		case <-s.quit:
+			return // the thread ends, and its namespace with it
+		}
+	}
+}
+
+// do runs f on the shelf's thread.
+func (s *Shelf) do(f func() error) error {
+	done := make(chan error, 1)
+	select {
+	case s.calls <- func() { done <- f() }:
+		return <-done
+	case <-s.quit:
+		return errors.New("shelf: closed")
+	}
+}
+
+// Put attaches m, a detached mount (Clone's), under name. The caller
+// still closes m.
+func (s *Shelf) Put(name string, m *os.File) error {
+	if err := validName(name); err != nil {
+		return err
+	}
+	return s.do(func() error {
+		target := filepath.Join(s.dir, name)
+		if err := os.Mkdir(target, 0o700); err != nil {
+			return fmt.Errorf("shelf: %w", err)
+		}
+		if err := unix.MoveMount(int(m.Fd()), "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+			os.Remove(target)
+			return fmt.Errorf("shelf: attach %s: move_mount: %w", name, err)
+		}
+		return nil
+	})
+}
+
+// Open returns a descriptor of the mount put under name (O_PATH, a
+// directory): /proc/self/fd/N names its root while it is open. An
+// unknown name is fs.ErrNotExist.
+func (s *Shelf) Open(name string) (*os.File, error) {
+	if err := validName(name); err != nil {
+		return nil, err
+	}
+	select {
+	case <-s.quit:
+		return nil, errors.New("shelf: closed")
+	default:
+	}
+	// From the shelf's own directory, checked to be its tmpfs: were the
+	// thread gone and its id reused, the path would lead elsewhere.
+	p := filepath.Join(s.root, s.dir)
+	dirfd, err := unix.Open(p, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: p, Err: err}
+	}
+	defer unix.Close(dirfd)
+	var st unix.Stat_t
+	if err := unix.Fstat(dirfd, &st); err != nil || st.Dev != s.dev {
+		return nil, fmt.Errorf("shelf: %s is not the shelf's (%v)", p, err)
+	}
+	fd, err := unix.Openat(dirfd, name, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: filepath.Join(p, name), Err: err}
+	}
+	f := os.NewFile(uintptr(fd), filepath.Join(p, name))
+	// Only a mount put there, not the bare directory of a Put under way
+	// or a Drop done: that is on the shelf's own tmpfs.
+	if err := unix.Fstat(fd, &st); err != nil || st.Dev == s.dev {
+		f.Close()
+		return nil, &os.PathError{Op: "open", Path: f.Name(), Err: fs.ErrNotExist}
+	}
+	return f, nil
+}
+
+// Drop detaches the mount put under name; descriptors Open returned keep
+// it until they are closed. Dropping an unknown name is not an error.
+func (s *Shelf) Drop(name string) error {
+	if err := validName(name); err != nil {
+		return err
+	}
+	return s.do(func() error {
+		target := filepath.Join(s.dir, name)
+		if err := unix.Unmount(target, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("shelf: detach %s: %w", name, err)
+		}
+		if err := os.Remove(target); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("shelf: %w", err)
+		}
+		return nil
+	})
+}
+
+// Close ends the shelf's thread, and with its namespace every mount on
+// it that no descriptor holds.
+func (s *Shelf) Close() error {
+	s.once.Do(func() { close(s.quit) })
+	return nil
+}
+
+func validName(name string) error {
+	if name == "" || name == "." || name == ".." || strings.ContainsRune(name, '/') {
+		return fmt.Errorf("shelf: bad name %q", name)
+	}
+	return nil
 }

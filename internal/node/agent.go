@@ -148,6 +148,13 @@ type Config struct {
 	// ReclaimIdle is how long a running sandbox goes without a call
 	// before its memory is reclaimed (reclaim.go); 0: never.
 	ReclaimIdle time.Duration
+	// NoMemoryMerge: never merge sandboxes' memory (KSM), whatever their
+	// project says (merge.go); by default the node merges one project's
+	// at a time, and turns the host's KSM on for them.
+	NoMemoryMerge bool
+	// KSMDir is where the host's KSM controls are (default
+	// /sys/kernel/mm/ksm; tests point it elsewhere).
+	KSMDir string
 	// ReapInterval is how often TTLs and idle timeouts are checked.
 	ReapInterval time.Duration
 	Log          *slog.Logger
@@ -175,6 +182,8 @@ type Agent struct {
 	reserved     usage               // resources of live sandboxes and creates in flight
 	paused       int                 // sandboxes paused (pause.go)
 	bestEffort   int                 // sandboxes of QoS class best-effort
+	merging      map[string]int      // merging sandboxes and creates in flight, by merge group (merge.go)
+	mergeHow     string              // how the node merges memory, or why not (fixed at New)
 	qos          qos.Support         // how best-effort sandboxes run here (fixed at New)
 	recent       recentCreates       // memory recent creates may still grow into (use.go)
 	reclaims     int64               // idle reclaims done (reclaim.go)
@@ -209,6 +218,9 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
+	}
+	if cfg.KSMDir == "" {
+		cfg.KSMDir = ksmDir
 	}
 	if cfg.ReapInterval == 0 {
 		cfg.ReapInterval = time.Second
@@ -261,6 +273,7 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	a.security = nodeSecurity(a.backends)
 	a.qos = qos.Probe()
+	a.mergeHow = a.mergeMechanism()              // merge.go
 	a.snapshots = nodeSnapshots(ctx, a.backends) // snapshot.go
 	for _, b := range a.backends {
 		_, p := b.(backend.Pauser)
@@ -289,11 +302,12 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 // call that wrote it.
 func (a *Agent) SpoolDir() string { return a.cfg.SpoolDir }
 
-// What an idle sandbox costs the agent in open files (a pidfd, the
-// container backend's hold on its root), and what the agent keeps for
+// What an idle sandbox costs the agent in open files (the pidfd its
+// exit is watched by: the container backend keeps roots on a mount
+// shelf, not in descriptors), and what the agent keeps for
 // everything else (etcd, clients, calls in flight and their pipes).
 const (
-	openFilesPerSandbox = 2
+	openFilesPerSandbox = 1
 	openFilesSpare      = 2048
 )
 
@@ -479,6 +493,7 @@ func (a *Agent) Status() api.Node {
 			Group:          a.qos.Group,
 			CoreScheduling: a.qos.CoreScheduling,
 		},
+		MemoryMerge: a.mergeStatus(),
 	}
 	n.PauseReclaim = reclaim
 	if l, ok := a.cfg.Layers.(interface {

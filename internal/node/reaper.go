@@ -149,6 +149,7 @@ func (a *Agent) end(ctx context.Context, s *sandbox, why func(*sandbox) string) 
 		if s.spec.BestEffort {
 			a.bestEffort--
 		}
+		a.leaveMerge(s.view.MemoryMergeGroup)
 	}
 	a.mu.Unlock()
 	a.log.Info("sandbox deleted", "sandbox", id, "reason", reason)

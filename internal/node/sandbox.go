@@ -186,7 +186,7 @@ func (a *Agent) placeable(req *api.CreateSandboxRequest) error {
 // the host's memory less Limits.Reserve (plus swap where there is any);
 // and for a latency sandbox the cores busy outside the best-effort class
 // under Limits.CPUBusy of the node's.
-func (a *Agent) admit(r api.Resources, class string) error {
+func (a *Agent) admit(r api.Resources, class, mergeGroup string) error {
 	now := time.Now()
 	cpu, _, cpuOK, mem := a.meter.read()
 	a.mu.Lock()
@@ -213,10 +213,13 @@ func (a *Agent) admit(r api.Resources, class string) error {
 			api.Quantity(inUse), api.Quantity(a.recent.total), api.Quantity(mem.Total-l.Reserve+mem.SwapTotal), api.Quantity(l.Reserve))
 	case class != api.QoSBestEffort && cpuOK && cpu > l.CPUBusy*l.Cores:
 		why = fmt.Sprintf("cpu %s of %s cores busy (latency work may keep %g%% busy)", fmtCores(cpu), fmtCores(l.Cores), 100*l.CPUBusy)
+	default:
+		why = a.mergeConflict(mergeGroup) // merge.go
 	}
 	if why != "" {
 		return errdefs.Exhausted(api.CodeNodeFull, 2*time.Second, "node %s is full: %s", a.cfg.ID, why)
 	}
+	a.joinMerge(mergeGroup)
 	a.inflight++
 	a.reserved.add(r, 1)
 	a.recent.add(now, grow)
@@ -280,14 +283,21 @@ func (a *Agent) createFrom(ctx context.Context, req api.CreateSandboxRequest, re
 	} else if img, err = a.resolve(ctx, req); err != nil {
 		return api.Sandbox{}, err
 	}
-	if err := a.admit(req.Resources, req.QoS); err != nil {
+	req.MemoryMergeGroup = a.mergeGroupOf(b, &req) // merge.go: "" where it cannot merge
+	if err := a.admit(req.Resources, req.QoS, req.MemoryMergeGroup); err != nil {
 		return api.Sandbox{}, err
+	}
+	if req.MemoryMergeGroup != "" {
+		if err := a.startKSM(); err != nil {
+			a.log.Warn("memory merging: KSM stays off", "err", err)
+		}
 	}
 	sb, err := a.create(ctx, b, req, img, specRT)
 	a.mu.Lock()
 	a.inflight--
 	if err != nil {
 		a.reserved.add(req.Resources, -1)
+		a.leaveMerge(req.MemoryMergeGroup)
 	}
 	a.mu.Unlock()
 	return sb, err
@@ -347,27 +357,28 @@ func (a *Agent) create(ctx context.Context, b backend.Backend, req api.CreateSan
 		maps.Copy(env, req.Env)
 	}
 	view := api.Sandbox{
-		ID:             id,
-		Node:           a.cfg.ID,
-		Project:        req.Project,
-		Build:          req.Build != nil && *req.Build,
-		Backend:        b.Name(),
-		Runtime:        req.Runtime,
-		Image:          img.Name,
-		State:          api.StateCreating,
-		Resources:      req.Resources,
-		QoS:            req.QoS,
-		Env:            env,
-		Labels:         req.Labels,
-		Layers:         append([]string(nil), img.Layers...),
-		Workdir:        img.Workdir,
-		User:           img.User,
-		TTL:            req.TTL,
-		IdleTimeout:    req.IdleTimeout,
-		AutoPause:      req.AutoPause,
-		TTLWhilePaused: req.TTLWhilePaused,
-		CreatedAt:      now,
-		LastUsedAt:     now,
+		ID:               id,
+		Node:             a.cfg.ID,
+		Project:          req.Project,
+		Build:            req.Build != nil && *req.Build,
+		Backend:          b.Name(),
+		Runtime:          req.Runtime,
+		Image:            img.Name,
+		State:            api.StateCreating,
+		Resources:        req.Resources,
+		QoS:              req.QoS,
+		MemoryMergeGroup: req.MemoryMergeGroup,
+		Env:              env,
+		Labels:           req.Labels,
+		Layers:           append([]string(nil), img.Layers...),
+		Workdir:          img.Workdir,
+		User:             img.User,
+		TTL:              req.TTL,
+		IdleTimeout:      req.IdleTimeout,
+		AutoPause:        req.AutoPause,
+		TTLWhilePaused:   req.TTLWhilePaused,
+		CreatedAt:        now,
+		LastUsedAt:       now,
 	}
 	exp := now.Add(req.TTL.D())
 	view.ExpiresAt = &exp
@@ -383,8 +394,9 @@ func (a *Agent) create(ctx context.Context, b backend.Backend, req api.CreateSan
 			Disk:       int64(req.Resources.Disk),
 			DiskInodes: req.Resources.DiskInodes,
 		},
-		Runtime:    specRuntime,
-		BestEffort: req.QoS == api.QoSBestEffort,
+		Runtime:     specRuntime,
+		BestEffort:  req.QoS == api.QoSBestEffort,
+		MemoryMerge: req.MemoryMergeGroup != "",
 	}
 	if a.cfg.Network != nil {
 		spec.DNS = []string{a.cfg.Network.DNS()}

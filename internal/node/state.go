@@ -199,6 +199,7 @@ func (a *Agent) keep(b backend.Backend, r record) *sandbox {
 	if s.spec.BestEffort {
 		a.bestEffort++
 	}
+	a.joinMerge(s.view.MemoryMergeGroup)
 	a.mu.Unlock()
 	return s
 }

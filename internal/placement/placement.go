@@ -113,6 +113,11 @@ type Request struct {
 	// Runtime: the sandbox names a runtime of its backend, so the node
 	// must list it available (api.Node.Runtimes); "" for the default.
 	Runtime string
+	// MergeGroup: the sandbox's memory may be merged with its group's
+	// (api.CreateSandboxRequest.MemoryMergeGroup), so not on a node that
+	// merges another group's (api.Node.MemoryMerge). Nodes that merge
+	// nothing take it (it merges nothing there).
+	MergeGroup string
 }
 
 // Demand returns the capacity a sandbox with resources r takes.
@@ -392,6 +397,7 @@ type rejections struct {
 	disk                                    int    // cannot enforce the disk limit
 	network                                 int    // give sandboxes no network
 	runtime                                 int    // cannot run the runtime
+	merge                                   int    // merge another group's memory (counted in full too)
 	runtimeWhy                              string // a node's reason, "node: reason"
 	refused                                 int
 	retryAfter                              time.Duration
@@ -447,6 +453,11 @@ func (s *search) feasible(i int) (float64, bool) {
 		s.why.network++
 		return 0, false
 	case s.req.Runtime != "" && !s.runs(n):
+		return 0, false
+	case s.req.MergeGroup != "" && n.MemoryMerge != nil && n.MemoryMerge.Group != "" && n.MemoryMerge.Group != s.req.MergeGroup:
+		// Full for this group until the other's sandboxes are gone.
+		s.why.merge++
+		s.why.full++
 		return 0, false
 	case s.exclude[n.ID]:
 		s.why.refused++
@@ -661,7 +672,8 @@ func (r rejections) String(req Request) string {
 		{r.network, "without a sandbox network"},
 		{r.runtime, r.runtimeWhat(req)},
 		{r.refused, "refusing creates"},
-		{r.full, "without room"},
+		{r.full - r.merge, "without room"},
+		{r.merge, "merging another project's memory"},
 	} {
 		if c.n > 0 {
 			s += fmt.Sprintf(", %d %s", c.n, c.what)

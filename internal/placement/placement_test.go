@@ -678,3 +678,41 @@ func TestRuntimeFilter(t *testing.T) {
 		})
 	}
 }
+
+// TestMergeGroupFilter: a merging create never lands on a node merging
+// another group's memory; other creates and nodes merging nothing (or
+// unable to) take it; when only other groups' nodes have room, the
+// answer is 503 no_capacity naming them.
+func TestMergeGroupFilter(t *testing.T) {
+	merging := func(group string) func(n *api.Node) {
+		return func(n *api.Node) { n.MemoryMerge = &api.NodeMemoryMerge{Mechanism: "ksm", Group: group} }
+	}
+	f := fleet.NewStatic(node("a", merging("ga")), node("b", merging("gb")), node("idle", merging("")), node("old", nil))
+	onlyB := fleet.NewStatic(node("b", merging("gb")))
+	res := api.Capacity{CPU: 1, Memory: 1 << 30}
+	for _, tt := range []struct {
+		name  string
+		fleet placement.Fleet
+		req   placement.Request
+		want  string
+	}{
+		{"no group: any node", f, placement.Request{Resources: res}, "[a b idle old]"},
+		{"group ga: its node and those merging nothing", f, placement.Request{Resources: res, MergeGroup: "ga"}, "[a idle old]"},
+		{"group gc: none merging another", f, placement.Request{Resources: res, MergeGroup: "gc"}, "[idle old]"},
+		{"only another group's node", onlyB, placement.Request{Resources: res, MergeGroup: "ga"}, api.CodeNoCapacity},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newPlacer(t, placement.Config{Fleet: tt.fleet, Strategy: placement.Random})
+			got, err := chosen(t, p, tt.req, 200)
+			if strings.HasPrefix(tt.want, "[") {
+				if err != nil || fmt.Sprint(got) != tt.want {
+					t.Fatalf("got %v, %v; want %s", got, err, tt.want)
+				}
+				return
+			}
+			if errdefs.Code(err) != tt.want || !strings.Contains(err.Error(), "1 merging another project's memory") {
+				t.Fatalf("got %v, %v (code %q); want %s saying why", got, err, errdefs.Code(err), tt.want)
+			}
+		})
+	}
+}

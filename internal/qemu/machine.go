@@ -46,6 +46,11 @@ type Machine struct {
 	// TCGCacheMiB bounds TCG's translation cache (QEMU's default is
 	// 1 GiB per machine); 0 keeps the default. Ignored under KVM.
 	TCGCacheMiB int
+	// MemoryMerge lets the host's KSM merge the guest's memory with other
+	// mergeable memory (QEMU's mem-merge, on by default in QEMU: here off
+	// unless asked). Merged pages leak across everything merged with them
+	// by write timing: only machines of one tenant may have it.
+	MemoryMerge bool
 	// Incoming starts the machine stopped, waiting for its state to be
 	// loaded over QMP (migrate-incoming), as a restore does.
 	Incoming bool
@@ -213,6 +218,11 @@ func (m Machine) Args() ([]string, error) {
 	machine := typ
 	if typ == "microvm" {
 		machine += ",isa-serial=on,rtc=on"
+	}
+	if m.MemoryMerge {
+		machine += ",mem-merge=on"
+	} else {
+		machine += ",mem-merge=off"
 	}
 	accel := string(m.Accel)
 	if m.Accel == TCG && m.TCGCacheMiB > 0 {

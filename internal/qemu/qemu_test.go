@@ -18,7 +18,7 @@ func TestArgs(t *testing.T) {
 		err  string
 	}{
 		{name: "defaults", m: func(m Machine) Machine { return m },
-			want: []string{"qemu-system-x86_64|-machine|pc|-accel|tcg|-cpu|max|-smp|1|-m|512M",
+			want: []string{"qemu-system-x86_64|-machine|pc,mem-merge=off|-accel|tcg|-cpu|max|-smp|1|-m|512M",
 				"-nodefaults", "-chardev|stdio,id=console,signal=off|-serial|chardev:console", "-kernel|/k/vmlinuz", "-no-reboot"},
 			not: []string{"-initrd", "-append", "-qmp", "-drive", "-vnc", "VGA"}},
 		{name: "kvm uses the host cpu", m: func(m Machine) Machine { m.Accel = KVM; return m },
@@ -41,14 +41,16 @@ func TestArgs(t *testing.T) {
 			m.Type = "microvm"
 			m.Disks = []Disk{{Path: "/d"}}
 			return m
-		}, want: []string{"-machine|microvm,isa-serial=on,rtc=on", "-device|virtio-blk-device,drive=disk0"}},
+		}, want: []string{"-machine|microvm,isa-serial=on,rtc=on,mem-merge=off", "-device|virtio-blk-device,drive=disk0"}},
+		{name: "memory merging only when asked", m: func(m Machine) Machine { m.MemoryMerge = true; return m },
+			want: []string{"-machine|pc,mem-merge=on"}},
 		{name: "full vm boots its disk with a display", m: func(m Machine) Machine {
 			m.Type, m.Kernel = "q35", ""
 			m.Disks = []Disk{{Path: "/img/debian.qcow2", Format: "qcow2", Boot: true, Snapshot: true}, {Path: "/img/data"}}
 			m.Display = &Display{VNC: "/run/v,1.sock", Pointer: USBTablet}
 			m.QMP = "/run/q.sock"
 			return m
-		}, want: []string{"-machine|q35",
+		}, want: []string{"-machine|q35,mem-merge=off",
 			"-drive|if=none,id=disk0,format=qcow2,file=/img/debian.qcow2,snapshot=on|-device|virtio-blk-pci,drive=disk0,bootindex=0",
 			"-drive|if=none,id=disk1,format=raw,file=/img/data|-device|virtio-blk-pci,drive=disk1",
 			"-device|VGA|-vnc|unix:/run/v,,1.sock|-device|qemu-xhci,id=xhci|-device|usb-tablet,bus=xhci.0",
@@ -201,5 +203,5 @@ func TestConsoleExitStatus(t *testing.T) {
 func ExampleMachine_Args() {
 	argv, _ := Machine{Accel: TCG, Kernel: "vmlinuz", Cmdline: []string{"console=ttyS0"}}.Args()
 	fmt.Println(strings.Join(argv[:9], " "))
-	// Output: qemu-system-x86_64 -machine pc -accel tcg -cpu max -smp 1
+	// Output: qemu-system-x86_64 -machine pc,mem-merge=off -accel tcg -cpu max -smp 1
 }

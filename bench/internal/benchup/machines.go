@@ -236,3 +236,22 @@ func QEMUSizes(pid int) (guestRAM, tcgCache int64) {
 	}
 	return guestRAM, tcgCache
 }
+
+// Charged is the memory charged to cgroup rel ("/warren/<node>": a node's
+// sandboxes), memory.usage_in_bytes on v1 or memory.current on v2: its
+// processes' memory and the page cache and kernel memory they caused.
+func Charged(rel string) (int64, error) {
+	l, err := cgroup.Host()
+	if err != nil {
+		return 0, err
+	}
+	path := filepath.Join(l.Unified, rel, "memory.current")
+	if d, ok := l.V1Dir("memory", rel); ok && l.Mode != cgroup.Unified {
+		path = filepath.Join(d, "memory.usage_in_bytes")
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+}

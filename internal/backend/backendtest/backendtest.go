@@ -72,8 +72,9 @@ type Harness struct {
 
 	// Reopen returns a new instance over the same state as old, as the
 	// agent gets after a restart: sandboxes old created must be reachable
-	// through its Recover. The suite stops using old afterwards (old is
-	// not closed: backends have no Close). Nil skips the recovery cases.
+	// through its Recover. The suite uses the new instance from then on
+	// (Reopen may close old, as the process's exit would). Nil skips the
+	// recovery cases.
 	Reopen func(t *testing.T, old backend.Backend) backend.Backend
 
 	// Spec returns a spec for a sandbox with this id whose image has a

@@ -92,6 +92,7 @@ func (s *suite) testRecover(t *testing.T) {
 	}
 
 	b2 := s.h.Reopen(t, s.b)
+	s.b = b2 // the later cases too: old is as good as gone
 	s2 := &suite{h: s.h, b: b2, caps: b2.Capabilities()}
 
 	st, err := b2.Recover(c, running)

@@ -17,7 +17,7 @@ func TestConformance(t *testing.T) {
 	backendtest.Run(t, backendtest.Harness{
 		New: func(t *testing.T) backend.Backend { return h.c },
 		Reopen: func(t *testing.T, old backend.Backend) backend.Backend {
-			h.c = h.newContainer()
+			h.restart()
 			return h.c
 		},
 		Spec: func(t *testing.T, id string) backend.Spec {
@@ -75,7 +75,7 @@ func TestConformanceGVisor(t *testing.T) {
 	backendtest.Run(t, backendtest.Harness{
 		New: func(t *testing.T) backend.Backend { return view(h.c) },
 		Reopen: func(t *testing.T, old backend.Backend) backend.Backend {
-			h.c = h.newContainer()
+			h.restart()
 			return view(h.c)
 		},
 		Spec: func(t *testing.T, id string) backend.Spec {

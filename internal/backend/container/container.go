@@ -35,6 +35,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -53,6 +54,7 @@ import (
 	"github.com/warrenhq/warren/internal/guard"
 	"github.com/warrenhq/warren/internal/hostbin"
 	"github.com/warrenhq/warren/internal/image"
+	"github.com/warrenhq/warren/internal/mountns"
 	"github.com/warrenhq/warren/internal/qos"
 )
 
@@ -124,6 +126,13 @@ type Container struct {
 	ids         idAllocator      // user-namespace id ranges (userns.go)
 	usernsMu    sync.Mutex
 	usernsErr   error // why sandboxes get no user namespace here, if they do not
+
+	shelfOnce sync.Once
+	shelf     *mountns.Shelf // where sandboxes' roots are kept (mountns.Shelf)
+	shelfErr  error
+
+	mergeOnce sync.Once
+	mergeErr  error // why sandboxes' memory cannot merge here (merge.go)
 
 	gvisorMu      sync.Mutex
 	gvisorChecked bool  // GVisorAvailable has an answer
@@ -319,8 +328,7 @@ type sandbox struct {
 
 	ids *idRange // its user namespace's ids; nil: none (the host's)
 
-	rootMu sync.RWMutex
-	root   *os.File // a detached clone of its root mount (mountns); nil once destroyed
+	roots *mountns.Shelf // the node's, where a clone of its root mount is kept (Container.roots)
 
 	filterMu sync.Mutex
 	filters  [][]byte // the init's seccomp filters (initFilters), read on first exec
@@ -341,33 +349,67 @@ func (c *Container) dir(id string) string { return filepath.Join(c.sandboxDir, i
 func (c *Container) rootDir(id string) string { return filepath.Join(c.sandboxDir, id, "rootfs") }
 
 // withRoot runs f on the sandbox's merged root, named by a path of f's
-// own: /proc/self/fd/N of a duplicate of s.root, so that a Destroy
-// meanwhile cannot hand N to another file.
+// own: /proc/self/fd/N of a descriptor of the clone its node keeps
+// (keepRoot), so that a Destroy meanwhile cannot take it from under f.
 func (s *sandbox) withRoot(f func(root string) error) error {
-	s.rootMu.RLock()
-	if s.root == nil {
-		s.rootMu.RUnlock()
-		return errdefs.New(errdefs.ErrConflict, "sandbox_no_root", "sandbox %s has no root filesystem: it stopped while the node agent was down, or is being destroyed", s.spec.ID)
+	if s.roots == nil {
+		return s.noRoot()
 	}
-	fd, err := unix.FcntlInt(s.root.Fd(), unix.F_DUPFD_CLOEXEC, 0)
-	s.rootMu.RUnlock()
+	held, err := s.roots.Open(s.spec.ID)
+	if errors.Is(err, fs.ErrNotExist) {
+		return s.noRoot()
+	}
 	if err != nil {
 		return fmt.Errorf("sandbox %s: root: %w", s.spec.ID, err)
 	}
-	defer unix.Close(fd)
-	return f("/proc/self/fd/" + strconv.Itoa(fd))
+	defer held.Close()
+	return f("/proc/self/fd/" + strconv.Itoa(int(held.Fd())))
 }
 
-// closeRoot drops the agent's hold on the sandbox's root.
+func (s *sandbox) noRoot() error {
+	return errdefs.New(errdefs.ErrConflict, "sandbox_no_root", "sandbox %s has no root filesystem: it stopped while the node agent was down, or is being destroyed", s.spec.ID)
+}
+
+// keepRoot puts clone, a detached clone of the sandbox's root mount, on
+// the node's shelf, and closes it: a node of 10,000 sandboxes does not
+// hold a descriptor for each.
+func (s *sandbox) keepRoot(clone *os.File) error {
+	defer clone.Close()
+	if s.roots == nil {
+		return errors.New("no mount shelf")
+	}
+	return s.roots.Put(s.spec.ID, clone)
+}
+
+// closeRoot drops the node's hold on the sandbox's root.
 func (s *sandbox) closeRoot() error {
-	s.rootMu.Lock()
-	defer s.rootMu.Unlock()
-	if s.root == nil {
+	if s.roots == nil {
 		return nil
 	}
-	err := s.root.Close()
-	s.root = nil
-	return err
+	return s.roots.Drop(s.spec.ID)
+}
+
+// Close lets go of what the backend holds for its sandboxes, as the
+// process's exit would: the roots on its shelf (a running sandbox keeps
+// its own; a later Container re-adopts it with Recover). Sandboxes run on.
+func (c *Container) Close() error {
+	c.shelfOnce.Do(func() { c.shelfErr = errors.New("container backend closed") })
+	if c.shelf != nil {
+		return c.shelf.Close()
+	}
+	return nil
+}
+
+// roots returns the shelf where sandboxes' roots are kept, set up on
+// first use (it needs root, which New does not).
+func (c *Container) roots() (*mountns.Shelf, error) {
+	c.shelfOnce.Do(func() {
+		dir := filepath.Join(c.cfg.StateDir, "roots")
+		if c.shelfErr = os.MkdirAll(dir, 0o700); c.shelfErr == nil {
+			c.shelf, c.shelfErr = mountns.NewShelf(dir)
+		}
+	})
+	return c.shelf, c.shelfErr
 }
 
 // get returns a created or recovered sandbox. ErrNotFound if unknown,

@@ -42,7 +42,7 @@ func newHarness(t *testing.T) *harness {
 	h := &harness{t: t, layer: imagetest.BusyboxLayer(t)}
 	h.cfg = Config{StateDir: t.TempDir(), CgroupParent: "/warren-test/" + randomHex(4)}
 	testutil.Searchable(t, h.cfg.StateDir)
-	h.c = h.newContainer()
+	h.restart()
 	t.Cleanup(h.cleanup)
 	return h
 }
@@ -58,6 +58,16 @@ func (h *harness) newContainer() *Container {
 	return c
 }
 
+// restart replaces the harness's backend with a new one over the same
+// state, as an agent restart would: the old one lets go of what it held.
+func (h *harness) restart() {
+	h.t.Helper()
+	if h.c != nil {
+		h.c.Close()
+	}
+	h.c = h.newContainer()
+}
+
 func (h *harness) cleanup() {
 	ctx := context.Background()
 	entries, _ := os.ReadDir(h.c.sandboxDir)
@@ -66,6 +76,7 @@ func (h *harness) cleanup() {
 			h.t.Errorf("cleanup: %v", err)
 		}
 	}
+	h.c.Close()
 	if err := h.c.cfg.Mounts.Prune(); err != nil {
 		h.t.Errorf("cleanup: %v", err)
 	}
@@ -724,6 +735,7 @@ func TestUserNS(t *testing.T) {
 	}
 	// After an agent restart the sandbox keeps its range.
 	c2 := h.newContainer()
+	defer c2.Close()
 	if _, err := c2.Recover(ctx, h.spec("uns-1")); err != nil {
 		t.Fatal(err)
 	}
@@ -861,7 +873,7 @@ func TestRecover(t *testing.T) {
 	before := h.wantState("rec-1", backend.StateRunning)
 
 	// A new agent process over the same directories.
-	h.c = h.newContainer()
+	h.restart()
 	if _, err := h.c.Inspect(ctx, "rec-1"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("inspect before recover: %v", err)
 	}
@@ -924,7 +936,7 @@ func TestRecover(t *testing.T) {
 		t.Fatal("Wait on a recovered sandbox did not return")
 	}
 	// A dead sandbox recovers as stopped.
-	h.c = h.newContainer()
+	h.restart()
 	if st, err := h.c.Recover(ctx, spec); err != nil || st.State != backend.StateStopped {
 		t.Errorf("recover of a dead sandbox: %+v, %v", st, err)
 	}
@@ -981,7 +993,7 @@ func TestSurvivesAgentKill(t *testing.T) {
 	cmd.Process.Kill()
 	cmd.Wait()
 
-	h.c = h.newContainer()
+	h.restart()
 	st, err := h.c.Recover(context.Background(), h.spec("orphan-1"))
 	if err != nil || st.State != backend.StateRunning {
 		t.Fatalf("after the agent's death: %+v, %v", st, err)
@@ -1057,6 +1069,14 @@ func TestConcurrentCreates(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
 	const n = 8
+	fds := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	before := fds()
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 4)
 	for i := 0; i < n; i++ {
@@ -1081,6 +1101,11 @@ func TestConcurrentCreates(t *testing.T) {
 		if got := h.sh(id, "hostname"); got != id {
 			t.Errorf("hostname %q in %s", got, id)
 		}
+	}
+	// An idle sandbox costs the agent no descriptor here (its root is on
+	// the mount shelf): a node of 10,000 must fit the host's limit.
+	if d := fds() - before; d >= n {
+		t.Errorf("%d idle sandboxes hold %d more descriptors", n, d)
 	}
 	for i := 0; i < n; i++ {
 		wg.Add(1)

@@ -34,7 +34,7 @@ func newHarnessOn(t *testing.T, mnt string) *harness {
 	t.Helper()
 	h := &harness{t: t, layer: imagetest.BusyboxLayer(t)}
 	h.cfg = Config{StateDir: filepath.Join(mnt, "state"), CgroupParent: "/warren-test/" + randomHex(4)}
-	h.c = h.newContainer()
+	h.restart()
 	t.Cleanup(h.cleanup)
 	return h
 }
@@ -93,7 +93,7 @@ func TestDiskLimit(t *testing.T) {
 
 	// Room freed inside is room again; a new agent process keeps the limit.
 	h.sh("disk-a", "rm /big")
-	h.c = h.newContainer()
+	h.restart()
 	if _, err := h.c.Recover(ctx, limited); err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +228,7 @@ func TestDiskLimitProjectQuota(t *testing.T) {
 				t.Fatalf("1000 files under a 200 inode limit: %d files, %v:\n%s", files, err, out.stdout)
 			}
 			// A new agent process keeps the limit.
-			h.c = h.newContainer()
+			h.restart()
 			if _, err := h.c.Recover(ctx, limited); err != nil {
 				t.Fatal(err)
 			}
@@ -256,7 +256,7 @@ func TestDiskSweep(t *testing.T) {
 	spec := h.spec("sweep-disk")
 	spec.Resources.Disk = 50 * mib
 	h.start(spec)
-	h.c = h.newContainer() // an agent that has no record of it
+	h.restart() // an agent that has no record of it
 	removed, err := h.c.Sweep(context.Background(), func(string) bool { return true })
 	if err != nil {
 		t.Fatal(err)

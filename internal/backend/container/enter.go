@@ -24,9 +24,9 @@ import (
 // This file is the agent's side of warren-enter (cmd/warren-enter), the
 // launcher every exec goes through: what it is told, and what it answers.
 
-// enterMagic opens every request ("WEN3"): the format's version, raised
+// enterMagic opens every request ("WEN4"): the format's version, raised
 // with every change to it; keep in step with enter.c.
-const enterMagic = 0x334e4557
+const enterMagic = 0x344e4557
 
 // execUmask is the umask of exec'd commands, as runc and a login set it.
 const execUmask = 0o022
@@ -48,6 +48,7 @@ type enterRequest struct {
 	apparmor                  string // the AppArmor profile to exec under; "": none
 	schedIdle                 bool   // run under SCHED_IDLE (a best-effort sandbox)
 	coreShare                 bool   // share the init's core scheduling cookie
+	memoryMerge               bool   // opted into KSM (Spec.MemoryMerge), as the init is
 }
 
 type rlimit struct{ resource, soft, hard uint64 }
@@ -106,6 +107,7 @@ func (r *enterRequest) encode() []byte {
 	str(r.apparmor)
 	flag(r.schedIdle)
 	flag(r.coreShare)
+	flag(r.memoryMerge)
 	return b
 }
 

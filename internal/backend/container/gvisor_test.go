@@ -230,7 +230,7 @@ func TestGVisorSweep(t *testing.T) {
 	spec := h.spec("gv-orph")
 	spec.Runtime = RuntimeGVisor
 	h.start(spec)
-	h.c = h.newContainer() // knows nothing of it
+	h.restart() // knows nothing of it
 	removed, err := h.c.Sweep(context.Background(), func(string) bool { return true })
 	if err != nil {
 		t.Fatalf("Sweep: %v (removed %q)", err, removed)

@@ -44,8 +44,12 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 			return fmt.Errorf("create sandbox %s: %w", spec.ID, err)
 		}
 	}
+	roots, err := c.roots()
+	if err != nil {
+		return fmt.Errorf("create sandbox %s: %w", spec.ID, err)
+	}
 	id := spec.ID
-	s := &sandbox{spec: spec, rt: rt}
+	s := &sandbox{spec: spec, rt: rt, roots: roots}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	c.mu.Lock()
@@ -149,7 +153,11 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	// The agent's way to the sandbox's files (withRoot).
-	if s.root, err = scratch.Clone(unix.AT_FDCWD, root, 0); err != nil {
+	clone, err := scratch.Clone(unix.AT_FDCWD, root, 0)
+	if err != nil {
+		return fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	if err := s.keepRoot(clone); err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	undo = append(undo, func() error { return s.closeRoot() })
@@ -174,7 +182,11 @@ func (c *Container) Create(ctx context.Context, spec backend.Spec) (err error) {
 	// Undo covers a half-done create too: the runtime may leave state or
 	// cgroups behind when it fails late.
 	undo = append(undo, func() error { return c.deleteRuntime(context.WithoutCancel(ctx), id, s) })
-	if err := rt.create(ctx, id, dir, scratch); err != nil {
+	var mergeVia string
+	if c.merges(s) {
+		mergeVia = c.cfg.EnterPath
+	}
+	if err := rt.create(ctx, id, dir, scratch, mergeVia); err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	st, err := c.readState(rt, id)
@@ -600,7 +612,8 @@ func (c *Container) Recover(ctx context.Context, spec backend.Spec) (backend.Sta
 	if !exists(c.dir(id)) {
 		return backend.Status{}, errdefs.New(errdefs.ErrNotFound, "sandbox_not_found", "sandbox %s has no state on this node", id)
 	}
-	s := &sandbox{spec: spec, rt: rt}
+	roots, rootsErr := c.roots()
+	s := &sandbox{spec: spec, rt: rt, roots: roots}
 	s.mu.Lock()
 	c.mu.Lock()
 	if c.sandboxes[id] != nil {
@@ -643,7 +656,11 @@ func (c *Container) Recover(ctx context.Context, spec backend.Spec) (backend.Sta
 	// lives, get a clone from there. (A stopped sandbox's files are gone
 	// with it; what it wrote stays in its upper dir, for a snapshot.)
 	if s.init.alive() {
-		if s.root, err = adoptRoot(rootPid); err != nil {
+		if rootsErr != nil {
+			reasons = append(reasons, rootsErr.Error())
+		} else if clone, err := adoptRoot(rootPid); err != nil {
+			reasons = append(reasons, err.Error())
+		} else if err := s.keepRoot(clone); err != nil {
 			reasons = append(reasons, err.Error())
 		}
 	}

@@ -61,7 +61,7 @@ func TestPause(t *testing.T) {
 	}
 
 	// A new agent process sees it paused.
-	h.c = h.newContainer()
+	h.restart()
 	if s, err := h.c.Recover(ctx, h.spec("pause-1")); err != nil || s.State != backend.StatePaused {
 		t.Fatalf("Recover of a paused sandbox: %+v, %v", s, err)
 	}

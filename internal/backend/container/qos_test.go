@@ -68,7 +68,7 @@ func TestBestEffort(t *testing.T) {
 	check("qos-lat", unix.SCHED_NORMAL)
 
 	// A new agent process: execs in the recovered sandbox stay idle.
-	h.c = h.newContainer()
+	h.restart()
 	ctx := context.Background()
 	for _, spec := range []string{"qos-be", "qos-lat"} {
 		sp := h.spec(spec)
@@ -86,7 +86,7 @@ func TestBestEffort(t *testing.T) {
 		t.Fatal(err)
 	}
 	h.assertGone("qos-be")
-	h.c = h.newContainer()
+	h.restart()
 	removed, err := h.c.Sweep(ctx, func(string) bool { return true })
 	if err != nil || len(removed) == 0 {
 		t.Fatalf("sweep: %q, %v", removed, err)
@@ -95,7 +95,7 @@ func TestBestEffort(t *testing.T) {
 	be2 := h.spec("qos-be2")
 	be2.BestEffort = true
 	h.start(be2)
-	h.c = h.newContainer()
+	h.restart()
 	if _, err := h.c.Sweep(ctx, func(string) bool { return true }); err != nil {
 		t.Fatal(err)
 	}

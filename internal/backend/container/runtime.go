@@ -79,10 +79,16 @@ func (r *ociRuntime) output(ctx context.Context, args ...string) ([]byte, error)
 // pipe they would hold open forever. It also starts a session of its
 // own: a signal to the agent's process group (Ctrl-C in a terminal) must
 // not reach the sandboxes. It runs in mount namespace in, where the
-// bundle's root is mounted (mountns).
-func (r *ociRuntime) create(ctx context.Context, id, bundle string, in *mountns.NS) error {
+// bundle's root is mounted (mountns). With mergeVia (warren-enter) it
+// runs as `warren-enter merge RUNTIME ...`: the sandbox's memory merges
+// (merge.go).
+func (r *ociRuntime) create(ctx context.Context, id, bundle string, in *mountns.NS, mergeVia string) error {
 	logPath := filepath.Join(bundle, "runtime.log")
 	cmd := r.command(ctx, "--log", logPath, "--log-format", "json", "create", "--bundle", bundle, id)
+	if mergeVia != "" {
+		cmd.Args = append([]string{mergeVia, "merge", cmd.Path}, cmd.Args[1:]...)
+		cmd.Path = mergeVia
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if r.gvisor() {
 		f, err := gvisorStdio(bundle)

@@ -56,6 +56,7 @@ func TestSweep(t *testing.T) {
 
 	// A new process: it knows only the sandbox it recovered.
 	c2 := h.newContainer()
+	defer c2.Close()
 	h.c = c2
 	if st, err := c2.Recover(ctx, kept); err != nil || st.State != backend.StateRunning {
 		t.Fatalf("recover kept-1: %+v, %v", st, err)

@@ -225,8 +225,9 @@ func (m *MicroVM) machine(s *sandbox) qemu.Machine {
 			// (no VIRTIO_F_ACCESS_PLATFORM), and with virtio-pmem's hotplug
 			// range the kernel would otherwise reserve (and touch) 64 MiB.
 			"swiotlb=noforce"},
-		RNG: true,
-		QMP: filepath.Join(s.dir, qmpSock),
+		RNG:         true,
+		QMP:         filepath.Join(s.dir, qmpSock),
+		MemoryMerge: s.spec.MemoryMerge, // else off: QEMU's default is on
 	}
 	if m.accel == qemu.KVM {
 		mach.Type = "microvm" // under TCG it hangs calibrating the TSC

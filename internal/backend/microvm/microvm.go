@@ -31,6 +31,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -281,6 +282,18 @@ func (m *MicroVM) buildInitrd(modules string, load []string) (string, error) {
 
 // Name implements backend.Backend.
 func (m *MicroVM) Name() string { return m.kind }
+
+var _ backend.MemoryMerger = (*MicroVM)(nil)
+
+// MemoryMerge says whether guests' memory can merge here: QEMU opts a
+// machine's RAM into KSM itself (mem-merge, set per sandbox from
+// Spec.MemoryMerge), so the host needs KSM only.
+func (m *MicroVM) MemoryMerge() error {
+	if _, err := os.Stat("/sys/kernel/mm/ksm/run"); err != nil {
+		return errors.New("the kernel has no KSM (CONFIG_KSM)")
+	}
+	return nil
+}
 
 // Capabilities implements backend.Backend.
 func (m *MicroVM) Capabilities() backend.Capabilities {

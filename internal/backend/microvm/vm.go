@@ -106,6 +106,9 @@ func (m *MicroVM) vmMachine(s *sandbox) qemu.Machine {
 		RNG:       true,
 		Balloon:   true,
 		QMP:       filepath.Join(s.dir, qmpSock),
+		// A vm is one tenant's machine too (Spec.MemoryMerge), else
+		// off: QEMU's default is on.
+		MemoryMerge: s.spec.MemoryMerge,
 	}
 	if m.accel == qemu.TCG {
 		mach.TCGCacheMiB = 256

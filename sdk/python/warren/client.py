@@ -745,7 +745,7 @@ class Client:
     # so an agent with an admin token can hand part of its quota on.
 
     def create_project(self, path: str, *, quota: Optional[Dict[str, Any]] = None,
-                       description: str = "") -> Dict[str, Any]:
+                       description: str = "", memory_merge: bool = False) -> Dict[str, Any]:
         """Create a sub-project with a quota carved out of its parent's; returns the project.
 
         Needs an admin token scoped to a proper ancestor. Raises ConflictError
@@ -753,10 +753,15 @@ class Client:
         much left to hand down; too_many_projects), NotFoundError
         (project_not_found: no parent), ForbiddenError, InvalidError
         (invalid_project: a malformed path; invalid_argument: an unknown quota key).
+        memory_merge lets nodes merge equal memory pages (KSM) among the
+        project's sandboxes and its sub-projects', never with another
+        project's: for one tenant's projects only.
         """
         body: Dict[str, Any] = {"path": path, "quota": dict(quota or {})}
         if description:
             body["description"] = description
+        if memory_merge:
+            body["memory_merge"] = True
         return self._json("POST", "/v1/projects", body=body)
 
     def get_project(self, path: str) -> Dict[str, Any]:
@@ -771,8 +776,9 @@ class Client:
         return self._json("GET", "/v1/projects", query={"path": path} if path else None)["projects"]
 
     def update_project(self, path: str, *, quota: Optional[Dict[str, Any]] = None,
-                       description: Optional[str] = None) -> Dict[str, Any]:
-        """Change the quota keys given (0 removes that limit) and/or the description; keep the rest.
+                       description: Optional[str] = None,
+                       memory_merge: Optional[bool] = None) -> Dict[str, Any]:
+        """Change the quota keys given (0 removes that limit), the description and/or memory merging; keep the rest.
 
         Needs an admin of a proper ancestor: a project cannot raise its own
         quota (ForbiddenError). Raises as create_project, and ConflictError
@@ -784,6 +790,8 @@ class Client:
             body["quota"] = dict(quota)
         if description is not None:
             body["description"] = description
+        if memory_merge is not None:
+            body["memory_merge"] = memory_merge
         return self._json("PATCH", _project_path(path), body=body)
 
     def delete_project(self, path: str) -> None:
