@@ -99,7 +99,7 @@ func filter() ([]bpf.RawInstruction, error) {
 }
 
 // argChecks refuses what package guard refuses in every sandbox by
-// argument (guard.DeniedIoctls, guard.SocketFamilies), reading each
+// argument (guard.DeniedIoctls, guard.SocketFamilies, guard.DeniedArgs), reading each
 // argument's low 32 bits as the kernel does. Each block is skipped unless
 // the number in A is its system call, and ends in a return.
 func argChecks() []bpf.Instruction {
@@ -120,11 +120,24 @@ func argChecks() []bpf.Instruction {
 		return append(b, bpf.RetConstant{Val: retEperm}, bpf.RetConstant{Val: retAllow})
 	}
 	socket, socketpair := family(guard.SocketFamilies()), family([]uint32{unix.AF_UNIX})
-	var p []bpf.Instruction
-	for _, b := range []struct {
+	blocks := []struct {
 		nr   uint32
 		code []bpf.Instruction
-	}{{unix.SYS_IOCTL, ioctl}, {unix.SYS_SOCKET, socket}, {unix.SYS_SOCKETPAIR, socketpair}} {
+	}{{unix.SYS_IOCTL, ioctl}, {unix.SYS_SOCKET, socket}, {unix.SYS_SOCKETPAIR, socketpair}}
+	for _, d := range guard.DeniedArgs() {
+		blocks = append(blocks, struct {
+			nr   uint32
+			code []bpf.Instruction
+		}{d.Nr, []bpf.Instruction{
+			bpf.LoadAbsolute{Off: offArg0 + 8*uint32(d.Arg), Size: 4},
+			bpf.ALUOpConstant{Op: bpf.ALUOpAnd, Val: d.Denied.Mask},
+			bpf.JumpIf{Cond: bpf.JumpEqual, Val: d.Denied.Value, SkipFalse: 1},
+			bpf.RetConstant{Val: retEperm},
+			bpf.RetConstant{Val: retAllow},
+		}})
+	}
+	var p []bpf.Instruction
+	for _, b := range blocks {
 		p = append(p, bpf.JumpIf{Cond: bpf.JumpEqual, Val: b.nr, SkipFalse: uint8(len(b.code))})
 		p = append(p, b.code...)
 	}

@@ -87,6 +87,35 @@ func TestSeccompFilter(t *testing.T) {
 			t.Errorf("socket family %d: filter says %#x, want %#x", fam, got, w)
 		}
 	}
+	// KSM opt-ins (guard.DeniedArgs): by argument, low 32 bits.
+	argAt := func(nr uint32, i int, v uint64) uint32 {
+		d := make([]byte, 64)
+		binary.BigEndian.PutUint32(d[offNr:], nr)
+		binary.BigEndian.PutUint32(d[offArch:], unix.AUDIT_ARCH_X86_64)
+		binary.BigEndian.PutUint32(d[offArg0+8*i:], uint32(v))
+		r, err := vm.Run(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return uint32(r)
+	}
+	for _, c := range []struct {
+		nr   uint32
+		arg  int
+		v    uint64
+		want uint32
+	}{
+		{unix.SYS_MADVISE, 2, unix.MADV_MERGEABLE, retEperm},
+		{unix.SYS_MADVISE, 2, 0xdead<<32 | unix.MADV_MERGEABLE, retEperm},
+		{unix.SYS_MADVISE, 2, unix.MADV_DONTNEED, retAllow},
+		{unix.SYS_MADVISE, 2, unix.MADV_UNMERGEABLE, retAllow},
+		{unix.SYS_PRCTL, 0, 67, retEperm}, // PR_SET_MEMORY_MERGE
+		{unix.SYS_PRCTL, 0, unix.PR_SET_NAME, retAllow},
+	} {
+		if got := argAt(c.nr, c.arg, c.v); got != c.want {
+			t.Errorf("syscall %d arg%d %#x: filter says %#x, want %#x", c.nr, c.arg, c.v, got, c.want)
+		}
+	}
 	if got := run(unix.AUDIT_ARCH_X86_64, 0x40000000+1, 0); got != retEperm {
 		t.Errorf("x32: %#x", got)
 	}

@@ -65,14 +65,23 @@ func SocketFamilies() []uint32 { return slices.Clone(socketFamilies) }
 // sandboxes of a project with memory merging are opted in by the
 // platform, and only with sandboxes of the same project (backend
 // Spec.MemoryMerge).
-var deniedArgs = []struct {
-	syscall string
-	arg     uint
-	denied  ArgMatch
-}{
-	{"madvise", 2, ArgMatch{"MADV_MERGEABLE", 0xffffffff, unix.MADV_MERGEABLE}},
-	{"prctl", 0, ArgMatch{"PR_SET_MEMORY_MERGE", 0xffffffff, prSetMemoryMerge}},
+var deniedArgs = []DeniedArg{
+	{"madvise", unix.SYS_MADVISE, 2, ArgMatch{"MADV_MERGEABLE", 0xffffffff, unix.MADV_MERGEABLE}},
+	{"prctl", unix.SYS_PRCTL, 0, ArgMatch{"PR_SET_MEMORY_MERGE", 0xffffffff, prSetMemoryMerge}},
 }
+
+// DeniedArg is one value of one argument of a system call that no
+// sandbox may pass (deniedArgs).
+type DeniedArg struct {
+	Syscall string
+	Nr      uint32 // its number on amd64
+	Arg     uint   // which argument, from 0
+	Denied  ArgMatch
+}
+
+// DeniedArgs returns the system call arguments every sandbox's filter
+// refuses, besides ioctls (FnCall's own filter refuses them too).
+func DeniedArgs() []DeniedArg { return slices.Clone(deniedArgs) }
 
 // prSetMemoryMerge is prctl's PR_SET_MEMORY_MERGE (Linux 6.4).
 const prSetMemoryMerge = 67
@@ -91,7 +100,7 @@ func ociArgRules(p *specs.LinuxSeccomp) {
 	replaced := []string{"ioctl", "socket", "socketpair"}
 	allowed := map[string]bool{} // of deniedArgs' system calls, those the profile allows
 	for _, d := range deniedArgs {
-		replaced = append(replaced, d.syscall)
+		replaced = append(replaced, d.Syscall)
 	}
 	var rules []specs.LinuxSyscall
 	for _, r := range p.Syscalls {
@@ -120,11 +129,11 @@ func ociArgRules(p *specs.LinuxSeccomp) {
 	}
 	allow("socketpair", 0, specs.OpEqualTo, unix.AF_UNIX, 0)
 	for _, d := range deniedArgs {
-		if !allowed[d.syscall] {
+		if !allowed[d.Syscall] {
 			continue
 		}
-		for _, c := range cover(32, []ArgMatch{d.denied}) {
-			allow(d.syscall, d.arg, specs.OpMaskedEqual, uint64(c.Mask), uint64(c.Value))
+		for _, c := range cover(32, []ArgMatch{d.Denied}) {
+			allow(d.Syscall, d.Arg, specs.OpMaskedEqual, uint64(c.Mask), uint64(c.Value))
 		}
 	}
 	p.Syscalls = rules
