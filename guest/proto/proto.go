@@ -45,6 +45,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -169,7 +170,7 @@ func (e *Error) Error() string { return e.Message }
 
 // Handshake lines. The host opens with "HELLO <nonce>"; the guest answers
 // "WELCOME <host nonce> <mac> <guest nonce>"; the host proves itself with
-// "PROVE <mac>"; the guest says "READY". Anything before the line a side
+// "PROVE <mac>"; the guest says "READY v<Version>". Anything before the line a side
 // waits for is discarded (up to maxNoise bytes): bytes of an earlier
 // session may still be in flight on the port.
 const (
@@ -183,6 +184,17 @@ const (
 // ErrHandshake is wrapped by every handshake failure caused by the other
 // side (a wrong secret, a malformed line).
 var ErrHandshake = errors.New("handshake failed")
+
+// Version is the protocol's: the guest says it when ready, and the host
+// refuses a guest of another (ErrVersion): a warren-guest from another
+// build, in an initramfs or a vm's disk made before an upgrade, would
+// otherwise fail later in ways that name no cause. Raise it with every
+// change to the protocol (endpoints, frames, request fields).
+const Version = 2
+
+// ErrVersion is wrapped by HostHandshake's error when the guest speaks
+// another version (or says none: before versions).
+var ErrVersion = errors.New("the guest agent is from another build of warren")
 
 func nonce() string {
 	var b [16]byte
@@ -283,8 +295,15 @@ func HostHandshake(ctx context.Context, conn net.Conn, r *bufio.Reader, secret s
 		for {
 			// Answers to hellos sent meanwhile may come first.
 			f, err := l.next(readyWord, welcomeWord)
-			if err != nil || f[0] == readyWord {
+			if err != nil {
 				return err
+			}
+			if f[0] == readyWord {
+				if want := "v" + strconv.Itoa(Version); len(f) < 2 || f[1] != want {
+					return fmt.Errorf("%w: it speaks protocol %q, this warren %s: install this build's warren-guest (scripts/build-helpers) and make its image again",
+						ErrVersion, strings.Join(f[1:], " "), want)
+				}
+				return nil
 			}
 		}
 	}
@@ -295,6 +314,10 @@ func HostHandshake(ctx context.Context, conn net.Conn, r *bufio.Reader, secret s
 // host says it again until it hears one), all with this handshake's one
 // guest nonce, which the proof must answer.
 func GuestHandshake(r *bufio.Reader, w io.Writer, secret string) error {
+	return guestHandshake(r, w, secret, Version)
+}
+
+func guestHandshake(r *bufio.Reader, w io.Writer, secret string, version int) error {
 	l := &lines{r: r}
 	gn := nonce()
 	answered := false
@@ -313,7 +336,7 @@ func GuestHandshake(r *bufio.Reader, w io.Writer, secret string) error {
 			if !hmac.Equal([]byte(f[1]), []byte(mac(secret, "host", gn))) {
 				return fmt.Errorf("%w: the host does not know the sandbox's secret", ErrHandshake)
 			}
-			_, err = fmt.Fprintf(w, "\n%s\n", readyWord)
+			_, err = fmt.Fprintf(w, "\n%s v%d\n", readyWord, version)
 			return err
 		}
 	}

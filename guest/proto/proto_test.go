@@ -13,6 +13,11 @@ import (
 // pair runs both sides of a handshake over a connected pair; guestIn
 // lets a test put bytes before what the guest reads.
 func pair(t *testing.T, hostSecret, guestSecret string, noise string, skipFirst bool) (hostErr, guestErr error) {
+	return pairVersion(t, hostSecret, guestSecret, noise, skipFirst, Version)
+}
+
+// pairVersion is pair with a guest that says version.
+func pairVersion(t *testing.T, hostSecret, guestSecret string, noise string, skipFirst bool, version int) (hostErr, guestErr error) {
 	t.Helper()
 	h, g := net.Pipe()
 	defer h.Close()
@@ -29,7 +34,7 @@ func pair(t *testing.T, hostSecret, guestSecret string, noise string, skipFirst 
 			r.ReadString('\n')
 			r.ReadString('\n')
 		}
-		done <- GuestHandshake(r, g, guestSecret)
+		done <- guestHandshake(r, g, guestSecret, version)
 	}()
 	hostErr = HostHandshake(ctx, h, bufio.NewReader(h), hostSecret)
 	h.Close()
@@ -61,6 +66,10 @@ func TestHandshake(t *testing.T) {
 	// The first hello lost: the host says it again.
 	if h, g := pair(t, secret, secret, "", true); h != nil || g != nil {
 		t.Fatalf("first hello missed: host %v, guest %v", h, g)
+	}
+	// A guest of another build is refused, saying so.
+	if h, _ := pairVersion(t, secret, secret, "", false, Version-1); !errors.Is(h, ErrVersion) {
+		t.Errorf("guest of version %d: host got %v, want ErrVersion", Version-1, h)
 	}
 	// A guest that does not know the secret is refused by the host.
 	if h, _ := pair(t, secret, NewSecret(), "", false); !errors.Is(h, ErrHandshake) {

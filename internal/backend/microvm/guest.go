@@ -80,6 +80,8 @@ func (g *guest) client(ctx context.Context) (*http2.ClientConn, error) {
 			return nil, errGone
 		case ctx.Err() != nil:
 			return nil, fmt.Errorf("guest agent: %w", ctx.Err())
+		case errors.Is(err, proto.ErrVersion):
+			return nil, errdefs.Unavailable("guest agent: %v", err)
 		case !errors.Is(err, context.DeadlineExceeded):
 			return nil, fmt.Errorf("guest agent: %w", err)
 		}
