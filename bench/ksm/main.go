@@ -31,13 +31,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/bench/internal/benchup"
 	"github.com/warrenhq/warren/bench/internal/stats"
-	"github.com/warrenhq/warren/client"
 )
 
 type config struct {
@@ -154,59 +152,29 @@ func measure(ctx context.Context, cfg config, bin, payload, dataDir string, merg
 	if _, err := c.UpdateProject(ctx, "/", api.UpdateProjectRequest{MemoryMerge: &merge}); err != nil {
 		return nil, fmt.Errorf("root project memory_merge: %w", err)
 	}
-	defer func() {
-		sbs, _ := c.ListSandboxes(context.Background(), client.ListOptions{})
-		for _, sb := range sbs {
-			c.DeleteSandbox(context.Background(), sb.ID)
+	defer benchup.DeleteAll(c)
+	req := api.CreateSandboxRequest{Image: "busybox", Resources: api.Resources{CPU: 0.1, Memory: api.Quantity(cfg.mb+64) << 20}}
+	err = benchup.Populate(ctx, c, cfg.n, 4, req, func(i int, sb *api.Sandbox) error {
+		if merge && sb.MemoryMergeGroup == "" {
+			return fmt.Errorf("sandbox %s does not merge (the node's memory_merge: see warren node ls -o json)", sb.ID)
 		}
-	}()
-	node := benchup.NodeID(dataDir)
-	var wg sync.WaitGroup
-	errs := make(chan error, cfg.n)
-	sem := make(chan struct{}, 4)
-	for i := 0; i < cfg.n; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Image: "busybox", Resources: api.Resources{CPU: 0.1, Memory: api.Quantity(cfg.mb+64) << 20}})
-			if err != nil {
-				errs <- err
-				return
-			}
-			if merge && sb.MemoryMergeGroup == "" {
-				errs <- fmt.Errorf("sandbox %s does not merge (the node's memory_merge: see warren node ls -o json)", sb.ID)
-				return
-			}
-			if err := c.CopyTo(ctx, sb.ID, payload, "/payload"); err != nil {
-				errs <- err
-				return
-			}
-			cmd := fmt.Sprintf("chmod +x /payload && (/payload %d %d %d > /dev/null 2>&1 &)", cfg.mb, cfg.unique, i+1)
-			if r, err := c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: cmd}); err != nil || r.ExitCode != 0 {
-				errs <- fmt.Errorf("payload in %s: %v %+v", sb.ID, err, r)
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+		if err := c.CopyTo(ctx, sb.ID, payload, "/payload"); err != nil {
+			return err
+		}
+		cmd := fmt.Sprintf("chmod +x /payload && (/payload %d %d %d > /dev/null 2>&1 &)", cfg.mb, cfg.unique, i+1)
+		if r, err := c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: cmd}); err != nil || r.ExitCode != 0 {
+			return fmt.Errorf("payload in %s: %v %+v", sb.ID, err, r)
+		}
+		return nil
+	})
+	if err != nil {
 		return nil, err
 	}
-	out := &result{}
-	start := time.Now()
-	last := start
-	for time.Since(start) < cfg.run {
-		time.Sleep(time.Second)
-		b, err := benchup.Charged(filepath.Join("/warren", node))
-		if err != nil {
-			return nil, err
-		}
-		now := time.Now()
-		out.integral += float64(b) / 1e9 * now.Sub(last).Seconds()
-		out.end, last = b, now
+	m, err := benchup.Integrate(benchup.NodeID(dataDir), cfg.run)
+	if err != nil {
+		return nil, err
 	}
+	out := &result{integral: m.Integral, end: m.End}
 	if b, err := os.ReadFile(filepath.Join(ksm, "pages_sharing")); err == nil {
 		n, _ := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
 		out.saved = n * int64(os.Getpagesize())

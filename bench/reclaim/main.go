@@ -28,13 +28,11 @@ import (
 	"log"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/bench/internal/benchup"
 	"github.com/warrenhq/warren/bench/internal/stats"
-	"github.com/warrenhq/warren/client"
 )
 
 type config struct {
@@ -116,51 +114,23 @@ func measure(ctx context.Context, cfg config, bin, dataDir string, reclaim bool)
 	}
 	defer d.Stop()
 	c := d.Client
-	defer func() {
-		sbs, _ := c.ListSandboxes(context.Background(), client.ListOptions{})
-		for _, sb := range sbs {
-			c.DeleteSandbox(context.Background(), sb.ID)
+	defer benchup.DeleteAll(c)
+	req := api.CreateSandboxRequest{Image: "busybox", Resources: api.Resources{CPU: 0.1, Memory: api.Quantity(cfg.mb+32) << 20}}
+	err = benchup.Populate(ctx, c, cfg.n, 8, req, func(_ int, sb *api.Sandbox) error {
+		cmd := fmt.Sprintf("dd if=/dev/urandom of=/data.bin bs=1M count=%d 2>/dev/null && (sleep 100000 > /dev/null 2>&1 &)", cfg.mb)
+		if r, err := c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: cmd}); err != nil || r.ExitCode != 0 {
+			return fmt.Errorf("touch in %s: %v %+v", sb.ID, err, r)
 		}
-	}()
-	node := benchup.NodeID(dataDir)
-	var wg sync.WaitGroup
-	errs := make(chan error, cfg.n)
-	sem := make(chan struct{}, 8)
-	for i := 0; i < cfg.n; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			sb, err := c.CreateSandbox(ctx, api.CreateSandboxRequest{Image: "busybox", Resources: api.Resources{CPU: 0.1, Memory: api.Quantity(cfg.mb+32) << 20}})
-			if err != nil {
-				errs <- err
-				return
-			}
-			cmd := fmt.Sprintf("dd if=/dev/urandom of=/data.bin bs=1M count=%d 2>/dev/null && (sleep 100000 > /dev/null 2>&1 &)", cfg.mb)
-			if r, err := c.Exec(ctx, sb.ID, api.ExecRequest{Cmd: cmd}); err != nil || r.ExitCode != 0 {
-				errs <- fmt.Errorf("touch in %s: %v %+v", sb.ID, err, r)
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+		return nil
+	})
+	if err != nil {
 		return nil, err
 	}
-	out := &result{}
-	start := time.Now()
-	last := start
-	for time.Since(start) < cfg.run {
-		time.Sleep(time.Second)
-		b, err := benchup.Charged(filepath.Join("/warren", node))
-		if err != nil {
-			return nil, err
-		}
-		now := time.Now()
-		out.integral += float64(b) / 1e9 * now.Sub(last).Seconds()
-		out.peak, out.end, last = max(out.peak, b), b, now
+	m, err := benchup.Integrate(benchup.NodeID(dataDir), cfg.run)
+	if err != nil {
+		return nil, err
 	}
+	out := &result{integral: m.Integral, peak: m.Peak, end: m.End}
 	if nodes, err := c.ListNodes(ctx); err == nil && len(nodes) == 1 && nodes[0].InUse != nil {
 		out.reclaim = nodes[0].InUse.Reclaim
 	}
