@@ -1,6 +1,7 @@
 // Command density packs idle sandboxes onto one node until -n or until
 // the node refuses (issue 18), and reports, as the count grows: host
-// memory per sandbox, the agent's own memory per sandbox, create latency,
+// memory per sandbox (and the kernel's own part of it: slab, stacks, page
+// tables, per-CPU), the agent's own memory per sandbox, create latency,
 // exec round trip against exec at the start, and the cost of a list and
 // of a node status; then delete latency. Target: 10,000 live sandboxes on
 // 2 cores and 24 GiB, exec p50 at 10,000 within 2x of exec at 10 (DSec:
@@ -58,10 +59,11 @@ func main() {
 	}
 }
 
-// memUsed is the host's memory in use (MemTotal - MemAvailable), bytes.
-func memUsed() (int64, error) {
+// memUsed is the host's memory in use (MemTotal - MemAvailable), and the
+// kernel's own part of it (hostmem.Meminfo.Kernel), bytes.
+func memUsed() (used, kernel int64, err error) {
 	m, err := hostmem.Read()
-	return m.Used(), err
+	return m.Used(), m.Kernel, err
 }
 
 // rss is process pid's resident memory, bytes.
@@ -82,7 +84,7 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return err
 	}
-	m0, err := memUsed()
+	m0, k0, err := memUsed()
 	if err != nil {
 		return err
 	}
@@ -94,13 +96,13 @@ func run(ctx context.Context, cfg config) error {
 	c := d.Client
 	agent0, _ := rss(d.Cmd.Process.Pid)
 	fmt.Printf("bench/density: busybox sandboxes (0.01 cores, 16Mi, idle) up to %d, %d creates in flight, %s\n", cfg.n, cfg.conc, time.Now().UTC().Format(time.RFC3339))
-	fmt.Printf("%8s %10s %10s %12s %12s %10s %10s %10s %10s %8s %9s\n", "count", "host/sb", "agent/sb", "create p50", "create p99", "exec p50", "exec p99", "list", "status", "settle", "refusals")
+	fmt.Printf("%8s %10s %10s %10s %12s %12s %10s %10s %10s %10s %8s %9s\n", "count", "host/sb", "kernel/sb", "agent/sb", "create p50", "create p99", "exec p50", "exec p99", "list", "status", "settle", "refusals")
 
 	var ids []string
 	var mu sync.Mutex
 	var refused atomic.Value
 	report := func(creates []time.Duration) error {
-		m, err := memUsed()
+		m, k, err := memUsed()
 		if err != nil {
 			return err
 		}
@@ -127,7 +129,8 @@ func run(ctx context.Context, cfg config) error {
 			return err
 		}
 		status := time.Since(t)
-		fmt.Printf("%8d %9.2fM %9.2fM %12v %12v %10v %10v %10v %10v %8v %9d\n", n, float64(m-m0)/float64(n)/(1<<20), float64(a-agent0)/float64(n)/(1<<20),
+		perSB := func(b int64) float64 { return float64(b) / float64(n) / (1 << 20) }
+		fmt.Printf("%8d %9.2fM %9.2fM %9.2fM %12v %12v %10v %10v %10v %10v %8v %9d\n", n, perSB(m-m0), perSB(k-k0), perSB(a-agent0),
 			stats.Pct(creates, 50).Round(100*time.Microsecond), stats.Pct(creates, 99).Round(100*time.Microsecond),
 			stats.Pct(ex, 50).Round(10*time.Microsecond), stats.Pct(ex, 99).Round(10*time.Microsecond),
 			list.Round(100*time.Microsecond), status.Round(100*time.Microsecond), settle.Round(time.Second), refusals.Load())

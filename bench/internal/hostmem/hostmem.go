@@ -20,6 +20,9 @@ import (
 // Meminfo is the part of /proc/meminfo the benchmarks use, in bytes.
 type Meminfo struct {
 	Total, Free, Available, Cached, Shmem int64
+	// Kernel is the kernel's own: Slab + KernelStack + PageTables +
+	// Percpu (a memory cgroup's shrinker slots are in Slab).
+	Kernel int64
 }
 
 // Used is MemTotal - MemAvailable: memory the kernel could not free
@@ -54,6 +57,8 @@ func Read() (Meminfo, error) {
 			m.Cached = v
 		case "Shmem":
 			m.Shmem = v
+		case "Slab", "KernelStack", "PageTables", "Percpu":
+			m.Kernel += v
 		}
 	}
 	return m, sc.Err()
