@@ -27,7 +27,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 
@@ -47,11 +46,8 @@ type NS struct{ f *os.File }
 func New() (*NS, error) {
 	var f *os.File
 	err := osthread.Run(func() error {
-		if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
-			return fmt.Errorf("unshare mount namespace: %w", err)
-		}
-		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-			return fmt.Errorf("make mounts private: %w", err)
+		if err := unsharePrivate(); err != nil {
+			return err
 		}
 		var err error
 		f, err = os.Open("/proc/thread-self/ns/mnt")
@@ -61,6 +57,19 @@ func New() (*NS, error) {
 		return nil, fmt.Errorf("scratch mount namespace: %w", err)
 	}
 	return &NS{f: f}, nil
+}
+
+// unsharePrivate moves the calling thread (one that ends with its
+// goroutine) into a new mount namespace, a copy of its own with every
+// mount private.
+func unsharePrivate() error {
+	if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
+		return fmt.Errorf("unshare mount namespace: %w", err)
+	}
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make mounts private: %w", err)
+	}
+	return nil
 }
 
 // Of returns the mount namespace of process pid.
@@ -152,55 +161,48 @@ type Shelf struct {
 func NewShelf(dir string) (*Shelf, error) {
 	s := &Shelf{calls: make(chan func()), quit: make(chan struct{}), dir: dir}
 	started := make(chan error, 1)
-	go s.serve(started)
+	// On a thread of its own that ends with the shelf, and its namespace
+	// with it.
+	go osthread.Run(func() error {
+		err := s.setup()
+		started <- err
+		if err == nil {
+			s.serve()
+		}
+		return err
+	})
 	if err := <-started; err != nil {
 		return nil, fmt.Errorf("mount shelf: %w", err)
 	}
 	return s, nil
 }
 
-// serve sets up the shelf's namespace on a thread of its own, reports
-// how that went, and runs calls there until Close.
-func (s *Shelf) serve(started chan<- error) {
-	runtime.LockOSThread() // for good: the thread ends with the shelf
-	if unix.Gettid() == unix.Getpid() {
-		// The main thread (see package osthread): held until another
-		// thread has taken over, then given back unchanged.
-		again := make(chan error, 1)
-		go s.serve(again)
-		err := <-again
-		runtime.UnlockOSThread()
-		started <- err
-		return
+// setup moves the calling thread into the shelf's namespace, with a
+// private tmpfs over dir.
+func (s *Shelf) setup() error {
+	if err := unsharePrivate(); err != nil {
+		return err
 	}
-	err := func() error {
-		if err := unix.Unshare(unix.CLONE_FS | unix.CLONE_NEWNS); err != nil {
-			return fmt.Errorf("unshare mount namespace: %w", err)
-		}
-		if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
-			return fmt.Errorf("make mounts private: %w", err)
-		}
-		if err := unix.Mount("tmpfs", s.dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0700,size=1m"); err != nil {
-			return fmt.Errorf("mount tmpfs on %s: %w", s.dir, err)
-		}
-		var st unix.Stat_t
-		if err := unix.Stat(s.dir, &st); err != nil {
-			return err
-		}
-		s.dev = st.Dev
-		s.root = fmt.Sprintf("/proc/%d/task/%d/root", unix.Getpid(), unix.Gettid())
-		return nil
-	}()
-	started <- err
-	if err != nil {
-		return // the thread ends, and its namespace with it
+	if err := unix.Mount("tmpfs", s.dir, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "mode=0700,size=1m"); err != nil {
+		return fmt.Errorf("mount tmpfs on %s: %w", s.dir, err)
 	}
+	var st unix.Stat_t
+	if err := unix.Stat(s.dir, &st); err != nil {
+		return err
+	}
+	s.dev = st.Dev
+	s.root = fmt.Sprintf("/proc/%d/task/%d/root", unix.Getpid(), unix.Gettid())
+	return nil
+}
+
+// serve runs calls on the shelf's thread until Close.
+func (s *Shelf) serve() {
 	for {
 		select {
 		case f := <-s.calls:
 			f()
 		case <-s.quit:
-			return // the thread ends, and its namespace with it
+			return
 		}
 	}
 }
