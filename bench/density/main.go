@@ -25,10 +25,13 @@ import (
 	"log"
 	"math/rand/v2"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/bench/internal/benchup"
@@ -36,6 +39,7 @@ import (
 	"github.com/warrenhq/warren/bench/internal/hostmem"
 	"github.com/warrenhq/warren/bench/internal/stats"
 	"github.com/warrenhq/warren/client"
+	"github.com/warrenhq/warren/internal/daemon"
 )
 
 type config struct {
@@ -44,6 +48,7 @@ type config struct {
 	conc  int
 	execs int
 	keep  bool
+	hold  time.Duration
 }
 
 func main() {
@@ -53,6 +58,7 @@ func main() {
 	flag.IntVar(&cfg.conc, "conc", 16, "creates in flight")
 	flag.IntVar(&cfg.execs, "execs", 50, "exec round trips per report")
 	flag.BoolVar(&cfg.keep, "keep", false, "keep the data directory (and its log)")
+	flag.DurationVar(&cfg.hold, "hold", 0, "keep the sandboxes this long after the last report before deleting them (to look at the node: the line before says how to reach it)")
 	flag.Parse()
 	if err := run(context.Background(), cfg); err != nil {
 		log.Fatalf("bench/density: %v", err)
@@ -178,6 +184,18 @@ func run(ctx context.Context, cfg config) error {
 			fmt.Printf("the node refused a create %s\n", r)
 			break
 		}
+	}
+
+	if cfg.hold > 0 {
+		fmt.Printf("holding %d sandboxes for %v (or until SIGINT): WARREN_ADDR=%s WARREN_TOKEN=$(cat %s), agent pid %d\n",
+			len(ids), cfg.hold, d.Addr, filepath.Join(d.DataDir, daemon.AdminTokenFile), d.Cmd.Process.Pid)
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, os.Interrupt, unix.SIGTERM)
+		select {
+		case <-time.After(cfg.hold):
+		case <-sig:
+		}
+		signal.Stop(sig)
 	}
 
 	// Delete them all.

@@ -37,7 +37,9 @@ func Proc(ctx context.Context, bin, dataDir string) (*client.Client, error) {
 type Daemon struct {
 	Client *client.Client
 	Cmd    *exec.Cmd
-	exited chan struct{}
+	// Addr is its API's URL; DataDir, its data directory.
+	Addr, DataDir string
+	exited        chan struct{}
 }
 
 // StartProc runs `bin up` on dataDir with args added, serving no FnCall and
@@ -61,13 +63,13 @@ func StartProc(ctx context.Context, bin, dataDir string, args ...string) (*Daemo
 	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
-	d := &Daemon{Cmd: cmd, exited: make(chan struct{})}
+	d := &Daemon{Cmd: cmd, Addr: "http://" + addr, DataDir: dataDir, exited: make(chan struct{})}
 	go func() { cmd.Wait(); logf.Close(); close(d.exited) }()
 	deadline := time.Now().Add(time.Minute)
 	for {
 		tok, err := os.ReadFile(filepath.Join(dataDir, daemon.AdminTokenFile))
 		if err == nil && len(strings.TrimSpace(string(tok))) > 0 {
-			c := client.New("http://"+addr, strings.TrimSpace(string(tok)))
+			c := client.New(d.Addr, strings.TrimSpace(string(tok)))
 			if _, err := c.GetImage(ctx, "busybox"); err == nil {
 				d.Client = c
 				return d, nil

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -510,6 +511,27 @@ func TestHardening(t *testing.T) {
 	}
 	if got := h.sh("hard-1", "ls /sys/firmware | wc -l"); got != "0" {
 		t.Errorf("/sys/firmware visible: %s entries", got)
+	}
+	// Masked directories of /proc (this host's): empty, and nothing can
+	// be made in them.
+	for _, p := range procDirMasks() {
+		if got := h.sh("hard-1", "ls -A "+p+" | wc -l; touch "+p+"/x 2>/dev/null && echo written; true"); got != "0" {
+			t.Errorf("%s: %q, want empty and read-only", p, got)
+		}
+	}
+	// Every filesystem a sandbox mounts costs the kernel a shrinker, and
+	// every memory cgroup a slot per shrinker (bench/density): the
+	// sandbox's own are its root, proc, devpts, /dev/shm, mqueue and
+	// sysfs; the rest are binds of them or of the node's (its layers').
+	devs := map[string]string{}
+	for _, line := range strings.Split(h.sh("hard-1", "cat /proc/self/mountinfo"), "\n") {
+		f := strings.Fields(line)
+		if i := slices.Index(f, "-"); len(f) > 4 && i > 0 && i+1 < len(f) {
+			devs[f[2]] += f[i+1] + " " + f[4] + ", "
+		}
+	}
+	if len(devs) > 6 {
+		t.Errorf("the sandbox has %d filesystems, want 6 at most: %v", len(devs), devs)
 	}
 	out := h.exec("hard-1", backend.ExecRequest{Argv: []string{"sh", "-c", "echo x > /proc/sys/kernel/domainname"}})
 	if out.res.ExitCode == 0 {

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
@@ -65,34 +66,52 @@ func (c *Container) giveIdentity(s *sandbox, scratch *mountns.NS, pid int) error
 	}
 	// From the sandbox's own platform files, through its root: the
 	// mount table inside names /.warren/boot_id, no host path.
-	return bindInto(scratch, pid, filepath.Join(c.rootDir(s.spec.ID), platformSub, bootIDFile), "/proc/sys/kernel/random/boot_id")
+	plat := filepath.Join(c.rootDir(s.spec.ID), platformSub)
+	binds := []bind{{filepath.Join(plat, bootIDFile), "/proc/sys/kernel/random/boot_id"}}
+	for _, p := range procDirMasks() {
+		binds = append(binds, bind{filepath.Join(plat, emptyDir), p})
+	}
+	return bindInto(scratch, pid, binds...)
 }
 
-// bindInto binds the file src of mount namespace from read-only onto
-// target in the mount namespace of process pid: a detached clone of src
-// (open_tree, made in from: a mount can be cloned only in its own
-// namespace), made read-only, then moved there from a thread that joined
-// that namespace and ends with it.
-func bindInto(from *mountns.NS, pid int, src, target string) error {
-	tree, err := from.Clone(unix.AT_FDCWD, src, 0)
-	if err != nil {
-		return fmt.Errorf("bind %s: %w", target, err)
-	}
-	defer tree.Close()
+// bind is a file or directory of a sandbox's root (src, a path in the
+// namespace it is mounted in) to bind read-only onto target in the
+// sandbox's own mount namespace.
+type bind struct{ src, target string }
+
+// bindInto makes binds, read-only, in the mount namespace of process pid:
+// each a detached clone of its src (open_tree, made in from: a mount can
+// be cloned only in its own namespace), made read-only, then moved there
+// from a thread that joined that namespace and ends with it.
+func bindInto(from *mountns.NS, pid int, binds ...bind) error {
+	trees := make([]*os.File, 0, len(binds))
+	defer func() {
+		for _, t := range trees {
+			t.Close()
+		}
+	}()
 	attr := unix.MountAttr{Attr_set: unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC}
-	if err := unix.MountSetattr(int(tree.Fd()), "", unix.AT_EMPTY_PATH, &attr); err != nil {
-		return fmt.Errorf("bind %s: mount_setattr: %w", target, err)
+	for _, b := range binds {
+		tree, err := from.Clone(unix.AT_FDCWD, b.src, 0)
+		if err != nil {
+			return fmt.Errorf("bind %s: %w", b.target, err)
+		}
+		trees = append(trees, tree)
+		if err := unix.MountSetattr(int(tree.Fd()), "", unix.AT_EMPTY_PATH, &attr); err != nil {
+			return fmt.Errorf("bind %s: mount_setattr: %w", b.target, err)
+		}
 	}
 	to, err := mountns.Of(pid)
 	if err != nil {
-		return fmt.Errorf("bind %s: %w", target, err)
+		return fmt.Errorf("bind into %d: %w", pid, err)
 	}
 	defer to.Close()
-	err = to.Run(func() error {
-		return unix.MoveMount(int(tree.Fd()), "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH)
+	return to.Run(func() error {
+		for i, b := range binds {
+			if err := unix.MoveMount(int(trees[i].Fd()), "", unix.AT_FDCWD, b.target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+				return fmt.Errorf("bind %s: move_mount: %w", b.target, err)
+			}
+		}
+		return nil
 	})
-	if err != nil {
-		return fmt.Errorf("bind %s: move_mount: %w", target, err)
-	}
-	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -150,6 +151,8 @@ func (c *Container) ociSpec(r *ociRuntime, spec backend.Spec, rootfs, held strin
 	}
 	if !r.gvisor() {
 		maskSysByBind(s, rootfs)
+		// giveIdentity binds the platform's empty directory over them.
+		s.Linux.MaskedPaths = slices.DeleteFunc(s.Linux.MaskedPaths, func(p string) bool { return slices.Contains(procDirMasks(), p) })
 	}
 	// init reaps and waits: it needs no capability, and without
 	// CAP_DAC_OVERRIDE it cannot read its execute-only binary, which makes
@@ -203,11 +206,12 @@ func emptyBind(rootfs, target string) specs.Mount {
 // paths with emptyBind, before the platform's files are covered, instead
 // of the read-only tmpfs runc mounts on a masked directory. Every
 // filesystem a sandbox mounts costs the kernel a shrinker, and each
-// memory cgroup keeps a slot for every shrinker of the node: with 10,000
-// sandboxes each tmpfs less is ~0.3 GiB of kernel memory less
-// (bench/density, issue 18). A masked path the host lacks stays with
-// runc, which skips it. (/proc's masked directories must: runc binds
-// nothing into /proc.)
+// memory cgroup keeps 16 bytes for every shrinker the node has had (a
+// 520-byte unit per 64 of them, in 1 KiB slabs; never given back before
+// a reboot): with 10,000 sandboxes, each filesystem less per sandbox is
+// ~1.5 GiB of kernel memory less (bench/density, issue 18). A masked path the host lacks stays with
+// runc, which skips it. (runc binds nothing into /proc: its masked
+// directories are procDirMasks'.)
 func maskSysByBind(s *specs.Spec, rootfs string) {
 	cover := slices.IndexFunc(s.Mounts, func(m specs.Mount) bool { return m.Destination == "/"+platformSub })
 	var binds []specs.Mount
@@ -223,6 +227,22 @@ func maskSysByBind(s *specs.Spec, rootfs string) {
 	})
 	s.Mounts = slices.Insert(s.Mounts, cover, binds...)
 }
+
+// procDirMasks are the directories of /proc among the masked paths
+// (guard.MaskedPaths) that this host has: instead of the read-only tmpfs
+// runc would mount on each (a filesystem, so a shrinker, per sandbox, as
+// for maskSysByBind), giveIdentity binds the platform's empty directory
+// over them once runc has made the sandbox's namespace (runc binds
+// nothing into /proc). Not for gVisor, whose /proc has none of them.
+var procDirMasks = sync.OnceValue(func() []string {
+	var dirs []string
+	for _, p := range guard.MaskedPaths() {
+		if fi, err := os.Lstat(p); err == nil && fi.IsDir() && strings.HasPrefix(p, "/proc/") {
+			dirs = append(dirs, p)
+		}
+	}
+	return dirs
+})
 
 // devMount is the sandbox's /dev: the node's read-only template (dev.go)
 // where there is one, else a tmpfs runc fills.
