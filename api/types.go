@@ -669,6 +669,10 @@ type NodeQoS struct {
 	// scheduling cookies of their own (never sharing an SMT core with
 	// latency work), else why not.
 	CoreScheduling string `json:"core_scheduling"`
+	// OOMOrder is who a host-wide OOM kills first, as oom_score_adj
+	// values: "best-effort 1000, latency 500, agent -999" (the agent's
+	// own stays 0 where the host denies it CAP_SYS_RESOURCE).
+	OOMOrder string `json:"oom_order,omitempty"`
 }
 
 // NodeMachine is one entry of Node.Machines.

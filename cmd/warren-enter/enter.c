@@ -65,7 +65,7 @@
 #define REQ_FD 3
 #define PIDFD 4
 #define STATUS_FD 5
-#define MAGIC 0x344e4557u // "WEN4": the request format's version
+#define MAGIC 0x354e4557u // "WEN5": the request format's version
 #define MAX_FILTERS 8
 
 #define PR_SET_MEMORY_MERGE_ 67 // Linux 6.4; inherited across exec since 6.7
@@ -163,6 +163,7 @@ struct request {
 	uint64_t sched_idle; // run under SCHED_IDLE (a best-effort sandbox)
 	uint64_t core_share; // share the sandbox init's core scheduling cookie
 	uint64_t memory_merge; // opt into KSM, as the sandbox's init is
+	int64_t oom_score_adj; // the sandbox's, as its init's (internal/qos)
 };
 
 static void read_request(struct request *q) {
@@ -225,6 +226,9 @@ static void read_request(struct request *q) {
 	q->sched_idle = get_u64(&r);
 	q->core_share = get_u64(&r);
 	q->memory_merge = get_u64(&r);
+	q->oom_score_adj = (int64_t)get_u64(&r);
+	if (q->oom_score_adj < -1000 || q->oom_score_adj > 1000)
+		bad_request();
 	if (!q->argv[0] || !q->argv[0][0] || r.left)
 		bad_request();
 }
@@ -472,6 +476,19 @@ int main(int argc, char **argv) {
 
 	struct request q;
 	read_request(&q);
+
+	// The sandbox's place in a host-wide OOM's kill order (before the
+	// agent's), set on the host's /proc before joining the sandbox's, so
+	// that the command inherits it. With CAP_SYS_RESOURCE it is also the
+	// floor nothing in the sandbox can go below.
+	{
+		char v[24];
+		int n = snprintf(v, sizeof v, "%lld", (long long)q.oom_score_adj);
+		int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+		if (fd < 0 || write(fd, v, n) != n)
+			status("error oom_score_adj", errno);
+		close(fd);
+	}
 
 	int ns = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP;
 	if (q.userns)

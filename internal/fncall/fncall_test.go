@@ -23,6 +23,7 @@ import (
 	"github.com/warrenhq/warren/internal/guard"
 	"github.com/warrenhq/warren/internal/image"
 	"github.com/warrenhq/warren/internal/image/imagetest"
+	"github.com/warrenhq/warren/internal/qos"
 	"github.com/warrenhq/warren/internal/testutil"
 )
 
@@ -305,6 +306,7 @@ ls /sys 2>/dev/null | head -1
 grep -E '^(CapBnd|CapEff|NoNewPrivs|Seccomp):' /proc/self/status | tr -s '\t ' ' '
 echo "cgroup=$(cut -d: -f3 /proc/self/cgroup | sort -u | tr '\n' ,)"
 echo "apparmor=$(cat /proc/self/attr/apparmor/current 2>/dev/null)"
+echo -1000 2>/dev/null > /proc/self/oom_score_adj; echo "oom=$(cat /proc/self/oom_score_adj)"
 echo 'exec unconfined' 2>/dev/null > /proc/self/attr/apparmor/exec && echo "apparmor-exec=$(cat /proc/self/attr/apparmor/current 2>/dev/null)"
 `)))
 	// Where the host runs AppArmor every run is under warren's profile,
@@ -324,10 +326,15 @@ echo 'exec unconfined' 2>/dev/null > /proc/self/attr/apparmor/exec && echo "appa
 	for _, want := range []string{"uid=65534 host=fn pwd=/box", "ifaces=lo,", "devs=fd,full,null,random,shm,stderr,stdin,stdout,urandom,zero,",
 		"hosttree=hidden", "dotdot=stays", "pid1root=hidden", "writes=ok", etc, "dev=ro", "zero=4", "userns=no", "mount=no", "mknod=no",
 		"CapBnd: 0000000000000000", "CapEff: 0000000000000000", "NoNewPrivs: 1", "Seccomp: 2",
-		"cgroup=/,"} {
+		"cgroup=/,", "oom=1000"} {
 		if !strings.Contains(c.Stdout, want+"\n") {
 			t.Errorf("want %q in:\n%s", want, c.Stdout)
 		}
+	}
+	if l, err := s.launcher(); err != nil {
+		t.Error(err)
+	} else if adj, err := qos.ReadOOMScoreAdj(l.cmd.Process.Pid); err != nil || adj != qos.OOMScoreLatency {
+		t.Errorf("the launcher's oom_score_adj %d, %v; want %d, before the agent's", adj, err, qos.OOMScoreLatency)
 	}
 	// Only the shell and its children are visible: not fninit.
 	if strings.Contains(c.Stdout, "procs=0\n") || !strings.Contains(c.Stdout, "procs=") {

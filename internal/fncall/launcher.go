@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/warrenhq/warren/internal/fncall/proto"
+	"github.com/warrenhq/warren/internal/qos"
 )
 
 // launcher is the node's warren-fninit: one single-threaded process that
@@ -76,6 +77,14 @@ func startLauncher(path string, log *slog.Logger) (*launcher, error) {
 		// this one stays until the launcher does.
 		runtime.LockOSThread()
 		if err := l.cmd.Start(); err != nil {
+			started <- fmt.Errorf("start %s: %w", path, err)
+			return
+		}
+		// Its containers, cloned from it, inherit it: latency work,
+		// before the agent in a host-wide OOM (internal/qos).
+		if err := qos.SetOOMScoreAdj(l.cmd.Process.Pid, qos.OOMScoreLatency); err != nil {
+			l.cmd.Process.Kill()
+			l.cmd.Wait()
 			started <- fmt.Errorf("start %s: %w", path, err)
 			return
 		}

@@ -185,6 +185,7 @@ type Agent struct {
 	merging      map[string]int      // merging sandboxes and creates in flight, by merge group (merge.go)
 	mergeHow     string              // how the node merges memory, or why not (fixed at New)
 	qos          qos.Support         // how best-effort sandboxes run here (fixed at New)
+	oomOrder     string              // a host-wide OOM's kill order (qos.OOMOrder, fixed at New)
 	recent       recentCreates       // memory recent creates may still grow into (use.go)
 	reclaims     int64               // idle reclaims done (reclaim.go)
 	reclaimed    int64               // bytes they freed
@@ -273,6 +274,13 @@ func New(ctx context.Context, cfg Config) (*Agent, error) {
 	}
 	a.security = nodeSecurity(a.backends)
 	a.qos = qos.Probe()
+	// Sandboxes before the agent in a host-wide OOM: theirs are raised
+	// (qos.OOMScoreAdj), the agent's lowered where the host lets it.
+	oom, err := qos.ProtectSelf()
+	if err != nil {
+		a.log.Warn("the agent's oom_score_adj stays as it was: sandboxes still go first in a host-wide OOM, but one could bring its own down to the agent's", "oom_score_adj", oom, "err", err)
+	}
+	a.oomOrder = qos.OOMOrder(oom)
 	a.mergeHow = a.mergeMechanism()              // merge.go
 	a.snapshots = nodeSnapshots(ctx, a.backends) // snapshot.go
 	for _, b := range a.backends {
@@ -492,6 +500,7 @@ func (a *Agent) Status() api.Node {
 			BestEffort:     a.bestEffort,
 			Group:          a.qos.Group,
 			CoreScheduling: a.qos.CoreScheduling,
+			OOMOrder:       a.oomOrder,
 		},
 		MemoryMerge: a.mergeStatus(),
 	}

@@ -90,7 +90,7 @@ func TestAdmissionRealUse(t *testing.T) {
 	if n.InUse == nil || n.InUse.CPU != 1.9 || n.InUse.Memory != 2<<30 || n.InUse.MemoryLimit != 7<<30 || n.InUse.Overcommit.CPU != 50 {
 		t.Errorf("status in use: %+v", n.InUse)
 	}
-	if n.QoS == nil || n.QoS.BestEffort != 1 || n.QoS.Latency != 4 {
+	if n.QoS == nil || n.QoS.BestEffort != 1 || n.QoS.Latency != 4 || !strings.HasPrefix(n.QoS.OOMOrder, "best-effort 1000, latency 500, agent ") {
 		t.Errorf("status qos: %+v", n.QoS)
 	}
 

@@ -297,3 +297,71 @@ func StartIdle(cmd *exec.Cmd) error {
 	}()
 	return <-errc
 }
+
+// Who a host-wide OOM kills first. Admission by real use and the node's
+// eviction of best-effort sandboxes under pressure keep the host out of
+// it; should memory run out faster than they act (overcommit, a burst),
+// the kernel's OOM killer picks the process with the highest badness: its
+// share of memory plus oom_score_adj/1000 of all of it. Every process of
+// a sandbox gets a positive adjustment, a best-effort one's the most, so
+// that sandboxes go first, best-effort before latency, and the agent and
+// the node's own daemons last. A sandbox cannot lower its own below the
+// floor (oom_score_adj_min) the process that set it left: its value where
+// that process had CAP_SYS_RESOURCE (root on most hosts; a sandbox never
+// has it in the host's user namespace), else the floor it inherited, 0
+// from the host's init (then a sandbox can come down to 0, no lower: the
+// agent's own where it cannot lower that either).
+const (
+	OOMScoreLatency    = 500
+	OOMScoreBestEffort = 1000
+	// OOMScoreAgent is what the agent asks for itself (ProtectSelf): as
+	// kubelet's, not -1000, which would make it unkillable outright.
+	OOMScoreAgent = -999
+)
+
+// OOMScoreAdj is the oom_score_adj of a sandbox's processes.
+func OOMScoreAdj(bestEffort bool) int {
+	if bestEffort {
+		return OOMScoreBestEffort
+	}
+	return OOMScoreLatency
+}
+
+// SetOOMScoreAdj sets process pid's oom_score_adj.
+func SetOOMScoreAdj(pid, adj int) error {
+	if err := os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte(strconv.Itoa(adj)), 0); err != nil {
+		return fmt.Errorf("oom_score_adj of %d: %w", pid, err)
+	}
+	return nil
+}
+
+// ReadOOMScoreAdj returns process pid's oom_score_adj.
+func ReadOOMScoreAdj(pid int) (int, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/oom_score_adj")
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(strings.TrimSpace(string(b)))
+}
+
+// ProtectSelf lowers this process's oom_score_adj to OOMScoreAgent, and
+// returns what it has after: unchanged where it lacks CAP_SYS_RESOURCE
+// (then err says so). Processes it starts inherit it; those that run a
+// sandbox's work get theirs (OOMScoreAdj).
+func ProtectSelf() (int, error) {
+	err := SetOOMScoreAdj(os.Getpid(), OOMScoreAgent)
+	if err != nil {
+		err = fmt.Errorf("%w (lowering it takes CAP_SYS_RESOURCE)", err)
+	}
+	adj, rerr := ReadOOMScoreAdj(os.Getpid())
+	if rerr != nil && err == nil {
+		err = rerr
+	}
+	return adj, err
+}
+
+// OOMOrder describes the kill order in force for node status, given the
+// agent's own oom_score_adj.
+func OOMOrder(agent int) string {
+	return fmt.Sprintf("best-effort %d, latency %d, agent %d", OOMScoreBestEffort, OOMScoreLatency, agent)
+}

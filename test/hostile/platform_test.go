@@ -15,6 +15,7 @@ import (
 
 	"github.com/warrenhq/warren/api"
 	"github.com/warrenhq/warren/client"
+	"github.com/warrenhq/warren/internal/qos"
 	"github.com/warrenhq/warren/internal/testutil"
 )
 
@@ -459,6 +460,8 @@ until [ -s /count ]; do sleep 0.01; done; echo started`)
 // and every process it has (its init, a daemon an earlier exec left
 // running, the exec doing the trying) stays under SCHED_IDLE. A latency
 // sandbox runs as normal work and cannot get ahead of others either.
+// Neither can make itself the last a host-wide OOM kills (oom_score_adj
+// -1000, its own or its init's): every process keeps its class's.
 func testQoSEscape(t *testing.T, p *platform) {
 	const schedIdle, schedNormal = "5", "0"
 	be := p.sandbox(t, func(r *api.CreateSandboxRequest) { r.QoS = api.QoSBestEffort })
@@ -466,11 +469,12 @@ func testQoSEscape(t *testing.T, p *platform) {
 		t.Fatalf("start a daemon: %+v", r)
 	}
 	lat := p.sandbox(t)
-	escapes := []string{"sched-normal", "sched-fifo", "sched-nice", "setpriority", "cpu-idle"}
+	escapes := []string{"sched-normal", "sched-fifo", "sched-nice", "setpriority", "cpu-idle", "oom-protect", "oom-protect-init"}
 	for _, c := range []struct {
 		id, policy string
-	}{{be, schedIdle}, {lat, schedNormal}} {
-		got := p.attackResults(t, c.id, append(append([]string{"policy"}, escapes...), "policies")...)
+		oom        int
+	}{{be, schedIdle, qos.OOMScoreBestEffort}, {lat, schedNormal, qos.OOMScoreLatency}} {
+		got := p.attackResults(t, c.id, append(append([]string{"policy"}, escapes...), "policies", "oom-adjs")...)
 		if got["policy"] != c.policy {
 			t.Errorf("sandbox %s: policy %s, want %s", c.id, got["policy"], c.policy)
 		}
@@ -490,6 +494,15 @@ func testQoSEscape(t *testing.T, p *platform) {
 		for _, pp := range procs {
 			if _, pol, _ := strings.Cut(pp, "="); pol != c.policy {
 				t.Errorf("sandbox %s: process %s after the tries, want policy %s", c.id, pp, c.policy)
+			}
+		}
+		adjs := strings.Fields(got["oom-adjs"])
+		if len(adjs) < 2 {
+			t.Errorf("sandbox %s: oom_score_adj of %q, want its init's and the exec's at least", c.id, adjs)
+		}
+		for _, pa := range adjs {
+			if _, adj, _ := strings.Cut(pa, "="); adj != strconv.Itoa(c.oom) {
+				t.Errorf("sandbox %s: process %s after the tries, want oom_score_adj %d", c.id, pa, c.oom)
 			}
 		}
 	}

@@ -24,9 +24,9 @@ import (
 // This file is the agent's side of warren-enter (cmd/warren-enter), the
 // launcher every exec goes through: what it is told, and what it answers.
 
-// enterMagic opens every request ("WEN4"): the format's version, raised
+// enterMagic opens every request ("WEN5"): the format's version, raised
 // with every change to it; keep in step with enter.c.
-const enterMagic = 0x344e4557
+const enterMagic = 0x354e4557
 
 // execUmask is the umask of exec'd commands, as runc and a login set it.
 const execUmask = 0o022
@@ -49,6 +49,7 @@ type enterRequest struct {
 	schedIdle                 bool   // run under SCHED_IDLE (a best-effort sandbox)
 	coreShare                 bool   // share the init's core scheduling cookie
 	memoryMerge               bool   // opted into KSM (Spec.MemoryMerge), as the init is
+	oomScoreAdj               int    // the sandbox's (qos.OOMScoreAdj), as the init's
 }
 
 type rlimit struct{ resource, soft, hard uint64 }
@@ -108,6 +109,7 @@ func (r *enterRequest) encode() []byte {
 	flag(r.schedIdle)
 	flag(r.coreShare)
 	flag(r.memoryMerge)
+	u(uint64(int64(r.oomScoreAdj)))
 	return b
 }
 

@@ -90,6 +90,7 @@ func (c *Container) Exec(ctx context.Context, id string, req backend.ExecRequest
 	e.schedIdle = s.spec.BestEffort
 	e.coreShare = s.spec.BestEffort && c.qos.CoreScheduling == qos.CoreSchedulingOn
 	e.memoryMerge = c.merges(s)
+	e.oomScoreAdj = qos.OOMScoreAdj(s.spec.BestEffort)
 	if e.capEff, e.capPerm, e.capBound, err = capMasks(uid); err != nil {
 		return backend.ExecResult{}, fmt.Errorf("exec in %s: %w", id, err)
 	}

@@ -3,6 +3,7 @@ package container
 import (
 	"context"
 	"path/filepath"
+	"strconv"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -54,14 +55,23 @@ func TestBestEffort(t *testing.T) {
 		if len(pids) < 2 {
 			t.Errorf("%s: %d processes in %s, want the init and the daemon", id, len(pids), d.Path)
 		}
+		// Every process before the agent in a host-wide OOM, a
+		// best-effort sandbox's first.
+		adj := qos.OOMScoreAdj(want == unix.SCHED_IDLE)
 		for _, pid := range pids {
 			if pol, err := qos.Policy(pid); err == nil && pol != want {
 				t.Errorf("%s: process %d has policy %d, want %d", id, pid, pol, want)
+			}
+			if got, err := qos.ReadOOMScoreAdj(pid); err == nil && got != adj {
+				t.Errorf("%s: process %d has oom_score_adj %d, want %d", id, pid, got, adj)
 			}
 		}
 		// An exec's own process, as it runs.
 		if got := h.sh(id, "cut -d' ' -f41 /proc/self/stat"); got != map[uint32]string{unix.SCHED_IDLE: "5", unix.SCHED_NORMAL: "0"}[want] {
 			t.Errorf("%s: an exec's policy %s, want %d", id, got, want)
+		}
+		if got := h.sh(id, "cat /proc/self/oom_score_adj"); got != strconv.Itoa(adj) {
+			t.Errorf("%s: an exec's oom_score_adj %s, want %d", id, got, adj)
 		}
 	}
 	check("qos-be", unix.SCHED_IDLE)

@@ -99,13 +99,15 @@ func (c *Container) ociSpec(r *ociRuntime, spec backend.Spec, rootfs, held strin
 		shm = spec.Resources.Memory / 2
 	}
 
+	oom := qos.OOMScoreAdj(spec.BestEffort) // sandboxes before the agent in a host-wide OOM
 	s := &specs.Spec{
 		Version: specs.Version,
 		Process: &specs.Process{
-			Args:    []string{initPath, "-P"},
-			Env:     []string{defaultPath},
-			Cwd:     "/",
-			Rlimits: c.rlimits,
+			Args:        []string{initPath, "-P"},
+			Env:         []string{defaultPath},
+			Cwd:         "/",
+			Rlimits:     c.rlimits,
+			OOMScoreAdj: &oom,
 		},
 		Root:     &specs.Root{Path: rootfs},
 		Hostname: hostname,

@@ -603,6 +603,14 @@ func (m *MicroVM) startQEMU(s *sandbox, argv []string, resume bool) (*process, e
 		m.removeCgroup(s.spec.ID)
 		return nil, err
 	}
+	// Before the agent in a host-wide OOM (internal/qos). The guest's RAM
+	// is touched as the guest boots, after this.
+	if err := qos.SetOOMScoreAdj(cmd.Process.Pid, qos.OOMScoreAdj(s.spec.BestEffort)); err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		m.removeCgroup(s.spec.ID)
+		return nil, fmt.Errorf("qemu: %w", err)
+	}
 	p := &process{pid: cmd.Process.Pid, started: time.Now(), done: make(chan struct{}), kill: func() { cmd.Process.Kill() }}
 	st, _ := startTime(p.pid)
 	if err := os.WriteFile(filepath.Join(s.dir, pidFile), []byte(fmt.Sprintf("%d %d", p.pid, st)), 0o600); err != nil {

@@ -17,7 +17,8 @@ import (
 // A best-effort microVM's QEMU runs every thread under SCHED_IDLE, in
 // the best-effort class's cgroup, and a latency one's none; a merging
 // microVM's guest RAM is opted into KSM (mem-merge=on) and no other's
-// (QEMU's own default is on). Both guests run.
+// (QEMU's own default is on); both QEMUs come before the agent in a
+// host-wide OOM, the best-effort one first. Both guests run.
 func TestBestEffortAndMerge(t *testing.T) {
 	h := newHarness(t)
 	ctx := context.Background()
@@ -43,6 +44,9 @@ func TestBestEffortAndMerge(t *testing.T) {
 			if pol, err := qos.Policy(tid); err == nil && (pol == unix.SCHED_IDLE) != c.idle {
 				t.Errorf("%s: QEMU thread %d has policy %d, want SCHED_IDLE %v", c.id, tid, pol, c.idle)
 			}
+		}
+		if adj, err := qos.ReadOOMScoreAdj(st.Pid); err != nil || adj != qos.OOMScoreAdj(c.idle) {
+			t.Errorf("%s: QEMU's oom_score_adj %d, %v; want %d", c.id, adj, err, qos.OOMScoreAdj(c.idle))
 		}
 		cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", st.Pid))
 		if err != nil {

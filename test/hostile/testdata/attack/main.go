@@ -188,6 +188,24 @@ func run(name string, args []string) string {
 		return errno(unix.SchedSetAttr(0, &attr, 0))
 	case "setpriority":
 		return errno(unix.Setpriority(unix.PRIO_PROCESS, 0, -5))
+	case "oom-protect", "oom-protect-init": // leave the front of a host-wide OOM's kill order
+		pid := "self"
+		if name == "oom-protect-init" {
+			pid = "1"
+		}
+		return errno(os.WriteFile("/proc/"+pid+"/oom_score_adj", []byte("-1000"), 0))
+	case "oom-adjs": // every process's oom_score_adj here, "pid=adj ..."
+		var out []string
+		dirs, _ := os.ReadDir("/proc")
+		for _, d := range dirs {
+			if _, err := strconv.Atoi(d.Name()); err != nil {
+				continue
+			}
+			if b, err := os.ReadFile("/proc/" + d.Name() + "/oom_score_adj"); err == nil {
+				out = append(out, d.Name()+"="+strings.TrimSpace(string(b)))
+			}
+		}
+		return strings.Join(out, " ")
 	case "cpu-idle": // the sandbox's own cgroup out of the idle class
 		var errs []string
 		for _, f := range []string{"/sys/fs/cgroup/cpu/cpu.idle", "/sys/fs/cgroup/cpu,cpuacct/cpu.idle", "/sys/fs/cgroup/cpu.idle", "/sys/fs/cgroup/cpu/cpu.shares"} {
