@@ -26,7 +26,10 @@
 //
 // Variants: blk (virtio-blk) and dax (virtio-pmem with DAX, --vm-dax:
 // the layer's pmem copy rebuilt by the node with every file's data in
-// whole blocks, which the guest maps in place).
+// whole blocks, which the guest maps in place), on the node's default
+// guest kernel (warren's own where scripts/build-guest-kernel built it);
+// with -debian also blk/debian and dax/debian, the same on Debian's
+// generic kernel (microvm.DebianKernel), for what the kernel alone saves.
 package main
 
 import (
@@ -47,6 +50,7 @@ import (
 	"github.com/warrenhq/warren/bench/internal/benchup"
 	"github.com/warrenhq/warren/bench/internal/hostmem"
 	"github.com/warrenhq/warren/client"
+	"github.com/warrenhq/warren/internal/backend/microvm"
 	"github.com/warrenhq/warren/internal/daemon"
 )
 
@@ -65,6 +69,7 @@ func main() {
 	flag.DurationVar(&cfg.interval, "interval", 500*time.Millisecond, "sampling interval")
 	flag.DurationVar(&cfg.settle, "settle", 5*time.Second, "wait after the reads, and after dropping the page cache")
 	keep := flag.Bool("keep", false, "keep the temporary data dirs")
+	flag.BoolVar(&cfg.debian, "debian", false, "also run both variants on Debian's generic guest kernel")
 	flag.Parse()
 	cfg.mem = int64(*mem) << 20
 	if err := run(cfg, *keep); err != nil {
@@ -78,6 +83,7 @@ type config struct {
 	mem              int64
 	image, read      string
 	interval, settle time.Duration
+	debian           bool
 }
 
 // result is one variant's figures in one round; memory in bytes, peaks
@@ -116,17 +122,20 @@ func run(cfg config, keep bool) error {
 		cfg.n, cfg.mem>>20, cfg.mem>>20+128, cfg.image, cfg.rounds, time.Now().UTC().Format(time.RFC3339))
 	fmt.Printf("each guest runs: %s\n", cfg.read)
 	variants := []kind{blk, dax}
+	if cfg.debian {
+		variants = append(variants, blk+onDebian, dax+onDebian)
+	}
 	results := map[kind][]result{}
 	for r := 0; r < cfg.rounds; r++ {
 		for i := range variants {
 			v := variants[(i+r)%len(variants)]
 			// Short: QEMU's unix sockets live below it (at most 107 bytes).
-			res, err := variant(ctx, cfg, filepath.Join(dir, fmt.Sprintf("%d%c", r+1, v[len(v)-1])), v)
+			res, err := variant(ctx, cfg, filepath.Join(dir, fmt.Sprintf("%d%d", r+1, (i+r)%len(variants))), v)
 			if err != nil {
 				return fmt.Errorf("round %d, %s: %w", r+1, v, err)
 			}
 			results[v] = append(results[v], res)
-			fmt.Printf("round %d %-9s peak used +%s, used+cache +%s, QEMU PSS %s (anon %s, file %s); after the reads: used +%s, PSS %s; boots %s, reads %s (slowest %s)\n",
+			fmt.Printf("round %d %-10s peak used +%s, used+cache +%s, QEMU PSS %s (anon %s, file %s); after the reads: used +%s, PSS %s; boots %s, reads %s (slowest %s)\n",
 				r+1, v, hostmem.MiB(res.used), hostmem.MiB(res.usedCache), hostmem.MiB(res.pss), hostmem.MiB(res.pssAnon), hostmem.MiB(res.pssFile),
 				hostmem.MiB(res.afterUsed), hostmem.MiB(res.afterPSS), res.boot.Round(time.Millisecond), res.read.Round(time.Millisecond), pct(res.readEach, 100).Round(time.Millisecond))
 			if res.others > 0 {
@@ -144,7 +153,12 @@ type kind string
 const (
 	blk = kind("blk") // virtio-blk (the default)
 	dax = kind("dax") // virtio-pmem with DAX (--vm-dax)
+	// onDebian ends the name of a variant on Debian's guest kernel.
+	onDebian = "/debian"
 )
+
+// isDAX says whether variant v has its layers on virtio-pmem with DAX.
+func (v kind) isDAX() bool { return strings.HasPrefix(string(v), string(dax)) }
 
 // variant runs one `warren up` (of kind v) on data, measures, and leaves
 // nothing of it behind.
@@ -156,7 +170,10 @@ func variant(ctx context.Context, cfg config, data string, v kind) (res result, 
 	ucfg := daemon.UpConfig{DataDir: data, Listen: "127.0.0.1:0", ImageCache: filepath.Join(data, "no-images"), StopSandboxes: true,
 		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 	ucfg.Fn.Disabled = true
-	ucfg.Machines.DAX = v != blk
+	ucfg.Machines.DAX = v.isDAX()
+	if strings.HasSuffix(string(v), onDebian) {
+		ucfg.Machines.Kernel = microvm.DebianKernel
+	}
 	c, wait, err := benchup.Start(upCtx, ucfg)
 	defer func() {
 		stopUp()
@@ -197,8 +214,8 @@ func variant(ctx context.Context, cfg config, data string, v kind) (res result, 
 	if err := c.DeleteSandbox(ctx, sb); err != nil {
 		return res, err
 	}
-	if res.dax != (v != blk) {
-		return res, fmt.Errorf("asked for DAX %v, but QEMU's devices say %v (does the guest kernel have virtio_pmem and nd_pmem?)", v != blk, res.dax)
+	if res.dax != v.isDAX() {
+		return res, fmt.Errorf("asked for DAX %v, but QEMU's devices say %v (does the guest kernel have virtio_pmem and nd_pmem?)", v.isDAX(), res.dax)
 	}
 
 	hostmem.Settle(30 * time.Second) // what the warm-up's removal frees
@@ -346,25 +363,29 @@ func report(cfg config, variants []kind, results map[kind][]result) {
 	blkR := results[blk]
 	fmt.Printf("\nhost memory for %d microVMs after each read its layer (%s EROFS), peak over the run less the baseline after drop_caches:\n",
 		cfg.n, hostmem.MiB(blkR[0].layer))
-	fmt.Printf("  %-9s %26s %26s %26s %26s %26s\n", "", "peak used", "peak used+cache", "peak QEMU PSS", "after: used", "after: QEMU PSS")
+	fmt.Printf("  %-10s %26s %26s %26s %26s %26s\n", "", "peak used", "peak used+cache", "peak QEMU PSS", "after: used", "after: QEMU PSS")
 	for _, v := range variants {
 		rs := results[v]
-		fmt.Printf("  %-9s %26s %26s %26s %26s %26s\n", v,
+		fmt.Printf("  %-10s %26s %26s %26s %26s %26s\n", v,
 			spread(rs, func(r result) int64 { return r.used }), spread(rs, func(r result) int64 { return r.usedCache }),
 			spread(rs, func(r result) int64 { return r.pss }), spread(rs, func(r result) int64 { return r.afterUsed }),
 			spread(rs, func(r result) int64 { return r.afterPSS }))
 	}
-	fmt.Printf("  against blk (per round: median (min-max); DSec target <= -40%% peak):\n")
+	fmt.Printf("  against blk on the same kernel, and blk/debian against blk (per round: median (min-max); DSec target <= -40%% peak):\n")
 	for _, v := range variants[1:] {
 		rs := results[v]
+		base := blkR // blk/debian against blk: what the kernel alone does
+		if v.isDAX() {
+			base = results[blk+kind(strings.TrimPrefix(string(v), string(dax)))]
+		}
 		red := func(f func(result) int64) string {
 			var x []float64
-			for i := range min(len(blkR), len(rs)) {
-				x = append(x, 100*(float64(f(rs[i]))/float64(f(blkR[i]))-1))
+			for i := range min(len(base), len(rs)) {
+				x = append(x, 100*(float64(f(rs[i]))/float64(f(base[i]))-1))
 			}
 			return spreadOf(x, "%+.0f%%")
 		}
-		fmt.Printf("    %-9s peak used %s   peak used+cache %s   peak QEMU PSS %s   after: used %s, PSS %s\n", v,
+		fmt.Printf("    %-10s peak used %s   peak used+cache %s   peak QEMU PSS %s   after: used %s, PSS %s\n", v,
 			red(func(r result) int64 { return r.used }), red(func(r result) int64 { return r.usedCache }), red(func(r result) int64 { return r.pss }),
 			red(func(r result) int64 { return r.afterUsed }), red(func(r result) int64 { return r.afterPSS }))
 	}
@@ -374,14 +395,14 @@ func report(cfg config, variants []kind, results map[kind][]result) {
 	fmt.Printf("  per microVM, peak QEMU PSS (anon: guest RAM touched, TCG's translation cache, QEMU's heap; file: QEMU's files, the initramfs, with DAX the layer's shared pages split between the QEMUs):\n")
 	for _, v := range variants {
 		rs := results[v]
-		fmt.Printf("    %-9s %s (anon %s, file %s)\n", v, per(rs, func(r result) int64 { return r.pss }),
+		fmt.Printf("    %-10s %s (anon %s, file %s)\n", v, per(rs, func(r result) int64 { return r.pss }),
 			per(rs, func(r result) int64 { return r.pssAnon }), per(rs, func(r result) int64 { return r.pssFile }))
 	}
 	fmt.Printf("  per microVM after the reads, QEMU PSS by mapping (last round): guest RAM touched / TCG's translation cache / the layer's pmem mapping / the rest of QEMU:\n")
 	for _, v := range variants {
 		sp := results[v][len(results[v])-1].split
 		n := int64(cfg.n)
-		fmt.Printf("    %-9s %s / %s / %s / %s\n", v, hostmem.MiB(sp.GuestRAM/n), hostmem.MiB(sp.TCG/n), hostmem.MiB(sp.Layers/n), hostmem.MiB(sp.Rest/n))
+		fmt.Printf("    %-10s %s / %s / %s / %s\n", v, hostmem.MiB(sp.GuestRAM/n), hostmem.MiB(sp.TCG/n), hostmem.MiB(sp.Layers/n), hostmem.MiB(sp.Rest/n))
 	}
 	for _, v := range variants {
 		rs := results[v]
@@ -389,13 +410,13 @@ func report(cfg config, variants []kind, results map[kind][]result) {
 		if g == nil {
 			continue
 		}
-		fmt.Printf("  a %-9s guest after its read (/proc/meminfo): MemTotal %s, used (MemTotal-MemFree) %s: page cache %s (shmem %s), anon %s, slab %s\n",
+		fmt.Printf("  a %-10s guest after its read (/proc/meminfo): MemTotal %s, used (MemTotal-MemFree) %s: page cache %s (shmem %s), anon %s, slab %s\n",
 			v, hostmem.MiB(g["MemTotal"]), hostmem.MiB(g["MemTotal"]-g["MemFree"]), hostmem.MiB(g["Cached"]+g["Buffers"]),
 			hostmem.MiB(g["Shmem"]), hostmem.MiB(g["AnonPages"]), hostmem.MiB(g["Slab"]))
 	}
 	for _, v := range variants {
 		rs := results[v]
-		fmt.Printf("  %-9s boots of %d (%d at a time) %s, reads all at once %s\n", v, cfg.n, cfg.conc,
+		fmt.Printf("  %-10s boots of %d (%d at a time) %s, reads all at once %s\n", v, cfg.n, cfg.conc,
 			spreadD(rs, func(r result) time.Duration { return r.boot }), spreadD(rs, func(r result) time.Duration { return r.read }))
 	}
 	fmt.Printf("  used = MemTotal - MemAvailable (page cache the host can drop excluded); used+cache = MemTotal - MemFree; PSS = sum of the QEMU processes' smaps_rollup Pss\n")

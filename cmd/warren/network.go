@@ -143,7 +143,7 @@ func networkConfigFlags(f *pflag.FlagSet, cfg *daemon.NetworkConfig) {
 
 // machineFlags are the flags of the roles that run sandboxes in QEMU.
 func machineFlags(f *pflag.FlagSet, cfg *daemon.MachineConfig) {
-	f.StringVar(&cfg.Kernel, "vm-kernel", "", "microVM guest kernel: a vmlinuz or an unpacked linux-image package (default "+microvm.DefaultKernel+", scripts/fetch-guest-kernel)")
+	f.StringVar(&cfg.Kernel, "vm-kernel", "", "microVM guest kernel: a vmlinuz or an unpacked linux-image package (default "+microvm.WarrenKernel+" where scripts/build-guest-kernel built it, else Debian's, "+microvm.DebianKernel+", scripts/fetch-guest-kernel)")
 	f.BoolVar(&cfg.DAX, "vm-dax", false, "attach microVMs' layers on virtio-pmem with DAX, sharing the host's page cache between guests")
 	f.BoolVar(&cfg.Off, "no-microvm", false, "run no microVM sandboxes on this node")
 }

@@ -7,7 +7,8 @@
 // depmod, no modules.dep) is enough.
 //
 // Distribution kernels build virtio, 9p, EROFS and overlayfs as modules;
-// a guest init loads the listed files of ModuleDir in lexical order.
+// a guest init loads the listed files of ModuleDir in lexical order. A
+// kernel that builds them in needs none of them loaded (Resolve).
 package initramfs
 
 import (
@@ -99,20 +100,29 @@ type Module struct {
 }
 
 // Resolve returns the modules named in load, each after its dependencies,
-// found under dir (a lib/modules/<release> tree). Modules the kernel has
-// built in are not in the tree: a name missing there is an error, so a
-// caller lists only modules its kernel builds as modules.
+// found under dir (a lib/modules/<release> tree). A module the kernel has
+// built in (its modules.builtin.modinfo, which kernel builds and Debian's
+// packages carry) needs no loading and is left out; any other name
+// missing from the tree is an error. A kernel with everything built in
+// (scripts/build-guest-kernel's) needs a tree with that file alone.
 func Resolve(dir string, load []string) ([]Module, error) {
 	index, err := scan(dir)
 	if err != nil {
 		return nil, err
+	}
+	builtin, err := builtins(dir)
+	if err != nil {
+		return nil, err
+	}
+	if len(index) == 0 && len(builtin) == 0 {
+		return nil, fmt.Errorf("initramfs: no uncompressed .ko modules and no modules.builtin.modinfo under %s", dir)
 	}
 	var out []Module
 	seen := map[string]bool{}
 	var visit func(name, from string) error
 	visit = func(name, from string) error {
 		name = canon(name)
-		if seen[name] {
+		if seen[name] || builtin[name] {
 			return nil
 		}
 		path, ok := index[name]
@@ -160,10 +170,30 @@ func scan(dir string) (map[string]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("initramfs: modules: %w", err)
 	}
-	if len(index) == 0 {
-		return nil, fmt.Errorf("initramfs: no uncompressed .ko modules under %s", dir)
-	}
 	return index, nil
+}
+
+// BuiltinInfo is the file of a module tree that lists what the kernel
+// has built in: NUL-separated "module.key=value" records.
+const BuiltinInfo = "modules.builtin.modinfo"
+
+// builtins returns the names of the modules built into the kernel of
+// module tree dir (none where it has no BuiltinInfo).
+func builtins(dir string) (map[string]bool, error) {
+	b, err := os.ReadFile(filepath.Join(dir, BuiltinInfo))
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("initramfs: %w", err)
+	}
+	names := map[string]bool{}
+	for _, rec := range strings.Split(string(b), "\x00") {
+		if name, _, ok := strings.Cut(rec, "."); ok && name != "" {
+			names[canon(name)] = true
+		}
+	}
+	return names, nil
 }
 
 // depends reads the depends= field of a module's .modinfo section.

@@ -94,6 +94,26 @@ func TestResolve(t *testing.T) {
 	if _, err := Resolve(t.TempDir(), []string{"a"}); err == nil || !strings.Contains(err.Error(), "no uncompressed .ko") {
 		t.Errorf("empty tree: got %v", err)
 	}
+
+	// Built in: b (so a needs only c loaded); a kernel with everything
+	// built in has a tree with its modules.builtin.modinfo alone.
+	builtin := "b.file=fs/b\x00b.license=GPL\x00d_x.file=drivers/d-x\x00"
+	if err := os.WriteFile(filepath.Join(dir, BuiltinInfo), []byte(builtin), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if mods, err := Resolve(dir, []string{"a", "d-x"}); err != nil || len(mods) != 2 || mods[0].Name != "c" || mods[1].Name != "a" {
+		t.Errorf("with b and d_x built in: %+v, %v; want c, a", mods, err)
+	}
+	bare := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bare, BuiltinInfo), []byte(builtin), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if mods, err := Resolve(bare, []string{"b", "d_x"}); err != nil || len(mods) != 0 {
+		t.Errorf("all built in: %+v, %v; want nothing to load", mods, err)
+	}
+	if _, err := Resolve(bare, []string{"b", "a"}); err == nil || !strings.Contains(err.Error(), "module a not found") {
+		t.Errorf("a neither built in nor in the tree: got %v", err)
+	}
 }
 
 // entry is one record of a newc archive.

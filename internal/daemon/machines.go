@@ -12,8 +12,8 @@ import (
 // MachineConfig configures the node's QEMU backends (microvm, vm).
 type MachineConfig struct {
 	// Kernel is the guest kernel: a vmlinuz or an unpacked
-	// linux-image package (default microvm.DefaultKernel, where
-	// scripts/fetch-guest-kernel puts Debian's).
+	// linux-image package (default microvm.DefaultKernel(): warren's
+	// own where scripts/build-guest-kernel built it, else Debian's).
 	Kernel string
 	// DAX attaches layers on virtio-pmem with DAX: guests share the
 	// host's page cache of each layer.

@@ -19,7 +19,7 @@ func TestUpMicroVM(t *testing.T) {
 	testutil.RequireContainers(t)
 	testutil.RequireQEMU(t)
 	if k := os.Getenv(testutil.GuestKernelEnv); k == "" {
-		if _, err := os.Stat(microvm.DefaultKernel); err != nil {
+		if _, err := os.Stat(microvm.DefaultKernel()); err != nil {
 			testutil.Unavailable(t, "needs a guest kernel (scripts/fetch-guest-kernel): %v", err)
 		}
 	}

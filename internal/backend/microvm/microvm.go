@@ -50,9 +50,24 @@ import (
 	"github.com/warrenhq/warren/internal/qemu"
 )
 
-// DefaultKernel is where scripts/fetch-guest-kernel leaves Debian's
-// kernel: boot/vmlinuz-* and lib/modules/* below it.
-const DefaultKernel = "/var/cache/warren/guest/kernel/current"
+// The guest kernels a host may have, each an unpacked kernel tree
+// (boot/vmlinuz-*, lib/modules/*): scripts/build-guest-kernel's, built for
+// microVMs with everything they need built in (~13 MiB of each guest's
+// memory for its image), and Debian's generic one, which
+// scripts/fetch-guest-kernel fetches (~46 MiB, its drivers as modules).
+const (
+	WarrenKernel = "/var/cache/warren/guest/kernel/warren"
+	DebianKernel = "/var/cache/warren/guest/kernel/current"
+)
+
+// DefaultKernel is the kernel microVMs boot when Config.Kernel is empty:
+// WarrenKernel where it is built, else DebianKernel.
+func DefaultKernel() string {
+	if _, err := os.Stat(WarrenKernel); err == nil {
+		return WarrenKernel
+	}
+	return DebianKernel
+}
 
 // Config configures a MicroVM backend.
 type Config struct {
@@ -63,7 +78,7 @@ type Config struct {
 	StateDir string
 	// Kernel is a kernel image (vmlinuz), or a directory with
 	// boot/vmlinuz-RELEASE and lib/modules/RELEASE (an unpacked
-	// linux-image package). Default DefaultKernel.
+	// linux-image package). Default DefaultKernel().
 	Kernel string
 	// Modules is the kernel's module tree; default found from Kernel.
 	Modules string
@@ -128,7 +143,7 @@ func New(cfg Config) (*MicroVM, error) {
 		return nil, errdefs.Invalid("microvm: no state directory")
 	}
 	if cfg.Kernel == "" {
-		cfg.Kernel = DefaultKernel
+		cfg.Kernel = DefaultKernel()
 	}
 	if cfg.GuestAgent == "" {
 		cfg.GuestAgent = hostbin.Find("warren-guest")
@@ -185,7 +200,7 @@ func (m *MicroVM) prepare() error {
 	}
 	kernel, modules, err := findKernel(m.cfg.Kernel, m.cfg.Modules)
 	if err != nil {
-		return errdefs.Unavailable("microvm: guest kernel: %v (scripts/fetch-guest-kernel fetches Debian's)", err)
+		return errdefs.Unavailable("microvm: guest kernel: %v (scripts/build-guest-kernel builds warren's, scripts/fetch-guest-kernel fetches Debian's)", err)
 	}
 	m.kernel = kernel
 	if _, err := os.Stat(m.cfg.GuestAgent); err != nil {

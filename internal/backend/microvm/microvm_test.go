@@ -33,7 +33,7 @@ func newHarness(t *testing.T) *harness {
 	testutil.RequireQEMU(t)
 	kernel := os.Getenv(testutil.GuestKernelEnv)
 	if kernel == "" {
-		kernel = DefaultKernel
+		kernel = DefaultKernel()
 	}
 	if _, err := os.Stat(kernel); err != nil {
 		testutil.Unavailable(t, "needs a guest kernel: set %s or run scripts/fetch-guest-kernel (%v)", testutil.GuestKernelEnv, err)
