@@ -46,7 +46,8 @@ func newUUID() string {
 
 // giveIdentity gives the created (not yet started) sandbox, whose init
 // is pid and whose root is mounted at rootDir in scratch (where the
-// runtime created it), its machine id and boot id.
+// runtime created it), its machine id and boot id, and hides /proc's
+// masked directories (procDirMasks) in the same pass.
 func (c *Container) giveIdentity(s *sandbox, scratch *mountns.NS, pid int) error {
 	err := s.withRoot(func(root string) error {
 		fi, err := rootfs.Stat(root, "/etc")
