@@ -597,15 +597,13 @@ func (m *MicroVM) startQEMU(s *sandbox, argv []string, resume bool) (*process, e
 		m.removeCgroup(s.spec.ID)
 		return nil, fmt.Errorf("qemu: %w", err)
 	}
-	if err := cg.join(cmd.Process.Pid); err != nil {
-		cmd.Process.Kill()
-		cmd.Wait()
-		m.removeCgroup(s.spec.ID)
-		return nil, err
+	// Its cgroup, and its place before the agent in a host-wide OOM
+	// (internal/qos): the guest's RAM is touched as it boots, after this.
+	err = cg.join(cmd.Process.Pid)
+	if err == nil {
+		err = qos.SetOOMScoreAdj(cmd.Process.Pid, qos.OOMScoreAdj(s.spec.BestEffort))
 	}
-	// Before the agent in a host-wide OOM (internal/qos). The guest's RAM
-	// is touched as the guest boots, after this.
-	if err := qos.SetOOMScoreAdj(cmd.Process.Pid, qos.OOMScoreAdj(s.spec.BestEffort)); err != nil {
+	if err != nil {
 		cmd.Process.Kill()
 		cmd.Wait()
 		m.removeCgroup(s.spec.ID)

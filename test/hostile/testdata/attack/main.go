@@ -159,24 +159,15 @@ func run(name string, args []string) string {
 		}
 		return strconv.Itoa(int(attr.Policy))
 	case "policies": // every process's policy here, "pid=policy ..."
-		var out []string
-		dirs, _ := os.ReadDir("/proc")
-		for _, d := range dirs {
-			if _, err := strconv.Atoi(d.Name()); err != nil {
-				continue
-			}
-			b, err := os.ReadFile("/proc/" + d.Name() + "/stat")
-			if err != nil {
-				continue
-			}
+		return perProcess("stat", func(b string) (string, bool) {
 			// Fields after the command (in parentheses): the policy is
 			// field 41, the 39th after it.
-			f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+			f := strings.Fields(b[strings.LastIndexByte(b, ')')+1:])
 			if len(f) > 38 {
-				out = append(out, d.Name()+"="+f[38])
+				return f[38], true
 			}
-		}
-		return strings.Join(out, " ")
+			return "", false
+		})
 	case "sched-normal", "sched-fifo", "sched-nice": // leave SCHED_IDLE, or get ahead
 		attr := unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_NORMAL}
 		switch name {
@@ -195,17 +186,7 @@ func run(name string, args []string) string {
 		}
 		return errno(os.WriteFile("/proc/"+pid+"/oom_score_adj", []byte("-1000"), 0))
 	case "oom-adjs": // every process's oom_score_adj here, "pid=adj ..."
-		var out []string
-		dirs, _ := os.ReadDir("/proc")
-		for _, d := range dirs {
-			if _, err := strconv.Atoi(d.Name()); err != nil {
-				continue
-			}
-			if b, err := os.ReadFile("/proc/" + d.Name() + "/oom_score_adj"); err == nil {
-				out = append(out, d.Name()+"="+strings.TrimSpace(string(b)))
-			}
-		}
-		return strings.Join(out, " ")
+		return perProcess("oom_score_adj", func(b string) (string, bool) { return strings.TrimSpace(b), true })
 	case "cpu-idle": // the sandbox's own cgroup out of the idle class
 		var errs []string
 		for _, f := range []string{"/sys/fs/cgroup/cpu/cpu.idle", "/sys/fs/cgroup/cpu,cpuacct/cpu.idle", "/sys/fs/cgroup/cpu.idle", "/sys/fs/cgroup/cpu/cpu.shares"} {
@@ -337,4 +318,24 @@ func exeRace(args []string) string {
 		}
 	}
 	return fmt.Sprintf("seen %d, scans %d, platform %d, breaches %d", seen, scans, platform, breaches)
+}
+
+// perProcess reads file of every process in sight (/proc/PID/file) and
+// returns "pid=value ..." for those value gives one.
+func perProcess(file string, value func(string) (string, bool)) string {
+	var out []string
+	dirs, _ := os.ReadDir("/proc")
+	for _, d := range dirs {
+		if _, err := strconv.Atoi(d.Name()); err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + d.Name() + "/" + file)
+		if err != nil {
+			continue
+		}
+		if v, ok := value(string(b)); ok {
+			out = append(out, d.Name()+"="+v)
+		}
+	}
+	return strings.Join(out, " ")
 }
